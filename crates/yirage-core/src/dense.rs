@@ -1,0 +1,357 @@
+//! A small dense row-major tensor, generic over the value type, with the tensor kernels
+//! every executor needs. Kernels take a [`Domain`] for the arithmetic; summation order per
+//! output element is fixed (index order), so results do not depend on thread count.
+
+use crate::domain::Domain;
+use crate::error::{eval_err, Result};
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::shape::{fmt_dims, numel, strides, Dims};
+use rayon::prelude::*;
+
+/// Work (multiply-adds) above which a matmul is split across rayon threads.
+const PAR_MATMUL_WORK: usize = 1 << 15;
+
+/// Dense row-major tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dense<V> {
+    pub dims: Dims,
+    pub data: Vec<V>,
+}
+
+/// A float64 tensor (the reference evaluator's inputs/outputs).
+pub type Tensor = Dense<f64>;
+
+impl<V: Copy> Dense<V> {
+    /// Build, checking `data.len()` against the dims.
+    pub fn new(dims: Dims, data: Vec<V>) -> Result<Self> {
+        if numel(&dims) != data.len() {
+            return eval_err(format!(
+                "tensor of dims {} needs {} values, got {}",
+                fmt_dims(&dims),
+                numel(&dims),
+                data.len()
+            ));
+        }
+        Ok(Dense { dims, data })
+    }
+
+    /// A tensor filled with `v`.
+    pub fn full(dims: &[usize], v: V) -> Self {
+        Dense {
+            dims: dims.to_vec(),
+            data: vec![v; numel(dims)],
+        }
+    }
+
+    /// Copy the box `[offset, offset + sizes)` out of `self`.
+    pub fn slice(&self, offset: &[usize], sizes: &[usize]) -> Self {
+        let st = strides(&self.dims);
+        let n = numel(sizes);
+        let mut data = Vec::with_capacity(n);
+        let r = sizes.len();
+        let mut idx = vec![0usize; r];
+        let inner = sizes[r - 1];
+        let rows = n / inner;
+        for _ in 0..rows {
+            let base: usize = (0..r).map(|k| (offset[k] + idx[k]) * st[k]).sum();
+            data.extend_from_slice(&self.data[base..base + inner]);
+            // advance the multi-index over all but the last dim
+            for k in (0..r.saturating_sub(1)).rev() {
+                idx[k] += 1;
+                if idx[k] < sizes[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        Dense {
+            dims: sizes.to_vec(),
+            data,
+        }
+    }
+
+    /// Write `src` into the box of `self` starting at `offset`.
+    pub fn place(&mut self, src: &Self, offset: &[usize]) {
+        let st = strides(&self.dims);
+        let sizes = &src.dims;
+        let r = sizes.len();
+        let inner = sizes[r - 1];
+        let mut idx = vec![0usize; r];
+        for row in src.data.chunks(inner) {
+            let base: usize = (0..r).map(|k| (offset[k] + idx[k]) * st[k]).sum();
+            self.data[base..base + inner].copy_from_slice(row);
+            for k in (0..r.saturating_sub(1)).rev() {
+                idx[k] += 1;
+                if idx[k] < sizes[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+    }
+}
+
+/// Split dims around `dim` into (outer, len, inner) extents.
+fn around(dims: &[usize], dim: usize) -> (usize, usize, usize) {
+    (
+        dims[..dim].iter().product(),
+        dims[dim],
+        dims[dim + 1..].iter().product(),
+    )
+}
+
+/// Pad dims/strides to rank 4 (leading 1s / 0s).
+fn pad4(d: &[usize], s: &[usize]) -> ([usize; 4], [usize; 4]) {
+    let mut dd = [1; 4];
+    let mut ss = [0; 4];
+    let off = 4 - d.len();
+    dd[off..].copy_from_slice(d);
+    ss[off..].copy_from_slice(s);
+    (dd, ss)
+}
+
+/// Elementwise unary op.
+pub fn unary<D: Domain>(d: &D, op: UnaryOp, x: &Dense<D::V>) -> Dense<D::V> {
+    let f = d.unary_fn(op);
+    Dense {
+        dims: x.dims.clone(),
+        data: x.data.iter().map(|&v| f(v)).collect(),
+    }
+}
+
+/// Elementwise map with a closure.
+pub fn map<D: Domain>(x: &Dense<D::V>, f: impl Fn(D::V) -> D::V) -> Dense<D::V> {
+    Dense {
+        dims: x.dims.clone(),
+        data: x.data.iter().map(|&v| f(v)).collect(),
+    }
+}
+
+/// Elementwise binary op with size-1 broadcasting (equal rank; dims validated upstream).
+pub fn binary_with<D: Domain>(
+    a: &Dense<D::V>,
+    b: &Dense<D::V>,
+    f: impl Fn(D::V, D::V) -> D::V,
+) -> Dense<D::V> {
+    let out: Dims = a
+        .dims
+        .iter()
+        .zip(&b.dims)
+        .map(|(&x, &y)| x.max(y))
+        .collect();
+    if a.dims == b.dims {
+        return Dense {
+            dims: out,
+            data: a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect(),
+        };
+    }
+    let bstr = |t: &Dense<D::V>| -> Vec<usize> {
+        strides(&t.dims)
+            .iter()
+            .zip(&t.dims)
+            .map(|(&s, &n)| if n == 1 { 0 } else { s })
+            .collect()
+    };
+    let (od, _) = pad4(&out, &strides(&out));
+    let (_, sa) = pad4(&a.dims, &bstr(a));
+    let (_, sb) = pad4(&b.dims, &bstr(b));
+    let mut data = Vec::with_capacity(numel(&out));
+    for i0 in 0..od[0] {
+        for i1 in 0..od[1] {
+            for i2 in 0..od[2] {
+                let ba = i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
+                let bb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+                for i3 in 0..od[3] {
+                    data.push(f(a.data[ba + i3 * sa[3]], b.data[bb + i3 * sb[3]]));
+                }
+            }
+        }
+    }
+    Dense { dims: out, data }
+}
+
+/// Elementwise binary op from the vocabulary.
+pub fn binary<D: Domain>(d: &D, op: BinaryOp, a: &Dense<D::V>, b: &Dense<D::V>) -> Dense<D::V> {
+    binary_with::<D>(a, b, |x, y| d.binary(op, x, y))
+}
+
+/// Batched matmul over equal leading dims (dims validated upstream).
+pub fn matmul<D: Domain>(d: &D, a: &Dense<D::V>, b: &Dense<D::V>) -> Dense<D::V> {
+    let r = a.dims.len();
+    let (m, k, n) = (a.dims[r - 2], a.dims[r - 1], b.dims[r - 1]);
+    let batch: usize = a.dims[..r - 2].iter().product();
+    // B transposed per batch so every dot product reads contiguous memory.
+    let mut bt = Vec::with_capacity(b.data.len());
+    for bi in 0..batch {
+        let base = bi * k * n;
+        for j in 0..n {
+            for kk in 0..k {
+                bt.push(b.data[base + kk * n + j]);
+            }
+        }
+    }
+    let mut dims = a.dims.clone();
+    dims[r - 1] = n;
+    let mut data = vec![d.zero(); batch * m * n];
+    let row = |ri: usize, out: &mut [D::V]| {
+        let bi = ri / m;
+        let arow = &a.data[ri * k..(ri + 1) * k];
+        for (j, o) in out.iter_mut().enumerate() {
+            let bcol = &bt[(bi * n + j) * k..(bi * n + j + 1) * k];
+            *o = d.dot(k, |kk| (arow[kk], bcol[kk]));
+        }
+    };
+    if batch * m * n * k >= PAR_MATMUL_WORK && batch * m > 1 {
+        data.par_chunks_mut(n)
+            .enumerate()
+            .for_each(|(ri, out)| row(ri, out));
+    } else {
+        data.chunks_mut(n)
+            .enumerate()
+            .for_each(|(ri, out)| row(ri, out));
+    }
+    Dense { dims, data }
+}
+
+/// Sum over `dim`, keepdim.
+pub fn reduce_sum<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize) -> Dense<D::V> {
+    reduce_groups(d, x, dim, 1)
+}
+
+/// Sum `dim` in `k` contiguous groups (`x.dims[dim] % k == 0`, validated upstream).
+pub fn reduce_groups<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize, k: usize) -> Dense<D::V> {
+    let (outer, len, inner) = around(&x.dims, dim);
+    let g = len / k;
+    let mut dims = x.dims.clone();
+    dims[dim] = k;
+    let mut data = Vec::with_capacity(outer * k * inner);
+    for o in 0..outer {
+        for j in 0..k {
+            for i in 0..inner {
+                let base = o * len * inner + j * g * inner + i;
+                data.push(d.sum(g, |l| x.data[base + l * inner]));
+            }
+        }
+    }
+    Dense { dims, data }
+}
+
+/// `Σ x²` over the last dim, keepdim (used by rms norm and the rms accumulator).
+pub fn sum_squares_last<D: Domain>(d: &D, x: &Dense<D::V>) -> Dense<D::V> {
+    let r = x.dims.len();
+    let sq = map::<D>(x, |v| d.mul(v, v));
+    reduce_sum(d, &sq, r - 1)
+}
+
+/// `x / sqrt(mean(x²) over the trailing `ntrail` dims + eps) * weight`.
+pub fn rms_norm<D: Domain>(
+    d: &D,
+    x: &Dense<D::V>,
+    ntrail: usize,
+    weight: Option<&Dense<D::V>>,
+    eps: f64,
+) -> Dense<D::V> {
+    let r = x.dims.len();
+    let inner: usize = x.dims[r - ntrail..].iter().product();
+    let e = d.constant(eps);
+    let mut data = Vec::with_capacity(x.data.len());
+    for row in x.data.chunks(inner) {
+        let ss = d.sum(inner, |i| d.mul(row[i], row[i]));
+        let denom = d.sqrt(d.add(d.div_count(ss, inner), e));
+        for (i, &v) in row.iter().enumerate() {
+            let y = d.div(v, denom);
+            data.push(match weight {
+                Some(w) => d.mul(y, w.data[i]),
+                None => y,
+            });
+        }
+    }
+    Dense {
+        dims: x.dims.clone(),
+        data,
+    }
+}
+
+/// `exp(x) / Σ_dim exp(x)`.
+pub fn softmax<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize) -> Dense<D::V> {
+    let e = unary(d, UnaryOp::Exp, x);
+    let s = reduce_sum(d, &e, dim);
+    binary_with::<D>(&e, &s, |a, b| d.div(a, b))
+}
+
+/// Concatenate along `dim` (dims validated upstream).
+pub fn concat<V: Copy>(xs: &[&Dense<V>], dim: usize) -> Dense<V> {
+    let mut dims = xs[0].dims.clone();
+    dims[dim] = xs.iter().map(|x| x.dims[dim]).sum();
+    let (outer, _, inner) = around(&dims, dim);
+    let mut data = Vec::with_capacity(numel(&dims));
+    for o in 0..outer {
+        for x in xs {
+            let span = x.dims[dim] * inner;
+            data.extend_from_slice(&x.data[o * span..(o + 1) * span]);
+        }
+    }
+    Dense { dims, data }
+}
+
+/// `acc += x` elementwise (same dims).
+pub fn add_assign<D: Domain>(d: &D, acc: &mut Dense<D::V>, x: &Dense<D::V>) {
+    for (a, &b) in acc.data.iter_mut().zip(&x.data) {
+        *a = d.add(*a, b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::F64;
+
+    fn t(dims: &[usize], v: &[f64]) -> Tensor {
+        Dense::new(dims.to_vec(), v.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn slice_place_concat() {
+        let x = t(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+        let s = x.slice(&[0, 1], &[2, 2]);
+        assert_eq!(s.data, vec![2., 3., 5., 6.]);
+        let mut z = Dense::full(&[2, 3], 0.0);
+        z.place(&s, &[0, 1]);
+        assert_eq!(z.data, vec![0., 2., 3., 0., 5., 6.]);
+        let c = concat(&[&x, &s], 1);
+        assert_eq!(c.dims, vec![2, 5]);
+        assert_eq!(c.data, vec![1., 2., 3., 2., 3., 4., 5., 6., 5., 6.]);
+        assert!(Dense::new(vec![2, 2], vec![1.0]).is_err());
+    }
+
+    #[test]
+    fn kernels_by_hand() {
+        let d = F64;
+        let a = t(&[2, 2], &[1., 2., 3., 4.]);
+        let b = t(&[2, 2], &[5., 6., 7., 8.]);
+        assert_eq!(matmul(&d, &a, &b).data, vec![19., 22., 43., 50.]);
+        let col = t(&[2, 1], &[10., 20.]);
+        assert_eq!(
+            binary(&d, BinaryOp::Add, &a, &col).data,
+            vec![11., 12., 23., 24.]
+        );
+        let row = t(&[1, 2], &[1., 2.]);
+        assert_eq!(
+            binary(&d, BinaryOp::Mul, &col, &row).data,
+            vec![10., 20., 20., 40.]
+        );
+        assert_eq!(reduce_sum(&d, &a, 0).data, vec![4., 6.]);
+        assert_eq!(reduce_sum(&d, &a, 1).data, vec![3., 7.]);
+        let x = t(&[1, 4], &[1., 2., 3., 4.]);
+        assert_eq!(reduce_groups(&d, &x, 1, 2).data, vec![3., 7.]);
+        let r = rms_norm(&d, &t(&[1, 2], &[3., 4.]), 1, None, 0.0);
+        let s = (12.5f64).sqrt();
+        assert_eq!(r.data, vec![3. / s, 4. / s]);
+        let sm = softmax(&d, &t(&[1, 2], &[0., 0.]), 1);
+        assert_eq!(sm.data, vec![0.5, 0.5]);
+        // batched matmul
+        let a3 = t(&[2, 1, 2], &[1., 2., 3., 4.]);
+        let b3 = t(&[2, 2, 1], &[1., 1., 2., 0.5]);
+        assert_eq!(matmul(&d, &a3, &b3).data, vec![3., 8.]);
+    }
+}

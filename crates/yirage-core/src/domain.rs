@@ -1,0 +1,42 @@
+//! The value domain an executor computes in.
+//!
+//! One executor (see [`crate::exec`]) runs kernel and block graphs; what a "value" is and
+//! what each primitive means is supplied by a [`Domain`]: f64 for the reference evaluator
+//! ([`crate::reference`]) and Z_p × Z_q for fingerprints ([`crate::fingerprint`]). Composite
+//! ops (rms_norm, softmax, means, accumulators) are written once in terms of these
+//! primitives, so both domains follow the same definitions.
+
+use crate::ops::{BinaryOp, UnaryOp};
+
+/// Semantics of primitive operations on one value type.
+pub trait Domain: Sync {
+    /// A scalar value.
+    type V: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static;
+
+    /// Additive identity.
+    fn zero(&self) -> Self::V;
+    /// Embed a finite f64 constant (eps, scalars, clamp bounds …).
+    fn constant(&self, c: f64) -> Self::V;
+    fn add(&self, a: Self::V, b: Self::V) -> Self::V;
+    fn mul(&self, a: Self::V, b: Self::V) -> Self::V;
+    fn div(&self, a: Self::V, b: Self::V) -> Self::V;
+    fn sqrt(&self, a: Self::V) -> Self::V;
+    /// `x / n` for an element count `n` (means): f64 divides, the field multiplies by n⁻¹.
+    fn div_count(&self, x: Self::V, n: usize) -> Self::V;
+    /// An elementwise unary op as a function (parameters are embedded once here).
+    fn unary_fn<'a>(&'a self, op: UnaryOp) -> Box<dyn Fn(Self::V) -> Self::V + Send + Sync + 'a>;
+    /// An elementwise binary op.
+    fn binary(&self, op: BinaryOp, a: Self::V, b: Self::V) -> Self::V;
+
+    /// `Σ_i f(i)` for `i < n`, summed in index order (domains may reduce lazily).
+    fn sum(&self, n: usize, f: impl Fn(usize) -> Self::V) -> Self::V {
+        (0..n).fold(self.zero(), |acc, i| self.add(acc, f(i)))
+    }
+    /// `Σ_i a(i)·b(i)` for `i < n`, in index order (domains may reduce lazily).
+    fn dot(&self, n: usize, f: impl Fn(usize) -> (Self::V, Self::V)) -> Self::V {
+        (0..n).fold(self.zero(), |acc, i| {
+            let (a, b) = f(i);
+            self.add(acc, self.mul(a, b))
+        })
+    }
+}

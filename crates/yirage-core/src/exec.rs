@@ -1,0 +1,330 @@
+//! The one executor of µGraphs, generic over the value [`Domain`].
+//!
+//! [`run_kernel_graph`] walks a kernel graph in op order; customized ops run their block
+//! graph through [`run_block_graph`], which executes every block of the grid exactly as a
+//! kernel would: slice inputs by imap/block index and fmap/iteration, run loop-body ops in
+//! every iteration, update accumulators, run after-loop ops once, place output tiles by
+//! omap/block index. The phase of each op comes from [`crate::phase`] (stored on the tiles
+//! by the builder). Blocks run in parallel with rayon; each block owns its buffers.
+
+use crate::block_graph::{BlockGraph, BlockOpKind};
+use crate::dense::{self, Dense};
+use crate::domain::Domain;
+use crate::error::{eval_err, CoreError, Result};
+use crate::kernel_graph::{KernelGraph, KernelOpKind};
+use crate::ops::AccumKind;
+use crate::phase::Phase;
+use crate::shape::fmt_dims;
+use rayon::prelude::*;
+
+fn internal(what: &str) -> CoreError {
+    CoreError::Evaluation(format!("internal error: {what} (please report this graph)"))
+}
+
+fn get<V>(vals: &[Option<Dense<V>>], id: usize) -> Result<&Dense<V>> {
+    vals.get(id)
+        .and_then(|v| v.as_ref())
+        .ok_or_else(|| internal(&format!("value of t{id} missing")))
+}
+
+/// Largest total number of elements over all tensors of a graph that an executor accepts
+/// (2^31, i.e. 16 GiB of f64): bigger graphs are refused with an EvaluationError instead of
+/// aborting the process on allocation failure. Fingerprints need only small shapes.
+pub const MAX_EVAL_ELEMS: u64 = 1 << 31;
+
+/// Refuse graphs whose tensors exceed [`MAX_EVAL_ELEMS`] elements in all.
+pub fn check_size(g: &KernelGraph) -> Result<()> {
+    let total: u64 = g
+        .tensors()
+        .iter()
+        .map(|t| crate::shape::numel(&t.dims) as u64)
+        .sum();
+    if total > MAX_EVAL_ELEMS {
+        return eval_err(format!(
+            "the graph's tensors hold {total} elements in all, more than the evaluator's limit of 2^31; evaluate/fingerprint a smaller instance of the graph"
+        ));
+    }
+    Ok(())
+}
+
+/// Evaluate `g` on `inputs` (one per graph input, dims checked); returns the outputs.
+pub fn run_kernel_graph<D: Domain>(
+    d: &D,
+    g: &KernelGraph,
+    inputs: Vec<Dense<D::V>>,
+) -> Result<Vec<Dense<D::V>>> {
+    g.check_complete()?;
+    if inputs.len() != g.inputs().len() {
+        return eval_err(format!(
+            "the graph has {} inputs, got {}",
+            g.inputs().len(),
+            inputs.len()
+        ));
+    }
+    for (k, (x, &t)) in inputs.iter().zip(g.inputs()).enumerate() {
+        let want = &g.tensors()[t].dims;
+        if &x.dims != want || x.data.len() != crate::shape::numel(want) {
+            return eval_err(format!(
+                "input #{k} has dims {}; the graph expects {}",
+                fmt_dims(&x.dims),
+                fmt_dims(want)
+            ));
+        }
+    }
+    check_size(g)?;
+    let mut vals: Vec<Option<Dense<D::V>>> = vec![None; g.num_tensors()];
+    let mut inputs = inputs.into_iter();
+    for op in g.ops() {
+        let one = |v: Dense<D::V>| vec![v];
+        let outs: Vec<Dense<D::V>> = match &op.kind {
+            KernelOpKind::Input { .. } => {
+                one(inputs.next().ok_or_else(|| internal("input count"))?)
+            }
+            KernelOpKind::Matmul { a, b } => {
+                one(dense::matmul(d, get(&vals, *a)?, get(&vals, *b)?))
+            }
+            KernelOpKind::Unary { op, x } => one(dense::unary(d, *op, get(&vals, *x)?)),
+            KernelOpKind::Binary { op, a, b } => {
+                one(dense::binary(d, *op, get(&vals, *a)?, get(&vals, *b)?))
+            }
+            KernelOpKind::Reduction { x, dim } => one(dense::reduce_sum(d, get(&vals, *x)?, *dim)),
+            KernelOpKind::RmsNorm {
+                x,
+                normalized_shape,
+                weight,
+                eps,
+            } => {
+                let w = match weight {
+                    Some(w) => Some(get(&vals, *w)?),
+                    None => None,
+                };
+                one(dense::rms_norm(
+                    d,
+                    get(&vals, *x)?,
+                    normalized_shape.len(),
+                    w,
+                    *eps,
+                ))
+            }
+            KernelOpKind::Softmax { x, dim } => one(dense::softmax(d, get(&vals, *x)?, *dim)),
+            KernelOpKind::Concat { xs, dim } => {
+                let parts: Vec<&Dense<D::V>> =
+                    xs.iter().map(|&x| get(&vals, x)).collect::<Result<_>>()?;
+                one(dense::concat(&parts, *dim))
+            }
+            KernelOpKind::Chunk {
+                x,
+                chunks,
+                dim,
+                index,
+            } => {
+                let src = get(&vals, *x)?;
+                let mut sizes = src.dims.clone();
+                sizes[*dim] /= chunks;
+                let mut off = vec![0; sizes.len()];
+                off[*dim] = index * sizes[*dim];
+                one(src.slice(&off, &sizes))
+            }
+            KernelOpKind::Customized { inputs, graph } => {
+                let ins: Vec<&Dense<D::V>> = inputs
+                    .iter()
+                    .map(|&x| get(&vals, x))
+                    .collect::<Result<_>>()?;
+                run_block_graph(d, graph, &ins)?
+            }
+        };
+        if outs.len() != op.outs.len() {
+            return Err(internal("output count"));
+        }
+        for (&id, v) in op.outs.iter().zip(outs) {
+            vals[id] = Some(v);
+        }
+    }
+    g.outputs()
+        .iter()
+        .map(|&o| vals[o].take().ok_or_else(|| internal("output missing")))
+        .collect()
+}
+
+/// Block index (x, y, z) of linear block number `b` (x fastest).
+pub fn block_index(grid: [u32; 3], b: usize) -> [usize; 3] {
+    let (gx, gy) = (grid[0] as usize, grid[1] as usize);
+    [b % gx, (b / gx) % gy, b / (gx * gy)]
+}
+
+/// Execute block graph `bg` over its whole grid on kernel-level `inputs`.
+pub fn run_block_graph<D: Domain>(
+    d: &D,
+    bg: &BlockGraph,
+    inputs: &[&Dense<D::V>],
+) -> Result<Vec<Dense<D::V>>> {
+    if inputs.len() != bg.num_inputs() {
+        return Err(internal("customized input count"));
+    }
+    let per_block: Vec<Vec<Dense<D::V>>> = (0..bg.num_blocks())
+        .into_par_iter()
+        .map(|b| run_one_block(d, bg, inputs, block_index(bg.grid_dim(), b)))
+        .collect::<Result<_>>()?;
+    let grid = bg.grid_dim();
+    let mut outs: Vec<Dense<D::V>> = bg
+        .outputs()
+        .iter()
+        .map(|o| Dense::full(&o.dims, d.zero()))
+        .collect();
+    for (b, tiles) in per_block.iter().enumerate() {
+        let bidx = block_index(grid, b);
+        for ((out, spec), tile) in outs.iter_mut().zip(bg.outputs()).zip(tiles) {
+            let mut off = vec![0; tile.dims.len()];
+            for a in 0..3 {
+                if grid[a] > 1 && spec.omap[a] >= 0 {
+                    let dd = spec.omap[a] as usize;
+                    off[dd] = bidx[a] * tile.dims[dd];
+                }
+            }
+            out.place(tile, &off);
+        }
+    }
+    Ok(outs)
+}
+
+/// Contribution of one iteration to an accumulator (before summing over iterations).
+fn accum_step<D: Domain>(d: &D, kind: AccumKind, x: &Dense<D::V>, dimx: usize) -> Dense<D::V> {
+    let last = x.dims.len() - 1;
+    match kind {
+        AccumKind::Iter => x.clone(),
+        AccumKind::Sum => dense::reduce_sum(d, x, last),
+        AccumKind::Rms { .. } => dense::sum_squares_last(d, x),
+        AccumKind::SumToDimx => dense::reduce_groups(d, x, last, dimx),
+    }
+}
+
+/// Final value of an accumulator after all iterations.
+fn accum_finish<D: Domain>(
+    d: &D,
+    kind: AccumKind,
+    acc: Dense<D::V>,
+    last_dim: usize,
+    forloop: usize,
+) -> Dense<D::V> {
+    match kind {
+        AccumKind::Rms { eps } => {
+            let e = d.constant(eps);
+            let n = last_dim * forloop;
+            dense::map::<D>(&acc, |v| d.sqrt(d.add(d.div_count(v, n), e)))
+        }
+        _ => acc,
+    }
+}
+
+/// Compute a non-input, non-accumulator tile op.
+fn compute_tile<D: Domain>(
+    d: &D,
+    op: &BlockOpKind,
+    vals: &[Option<Dense<D::V>>],
+    dimx: usize,
+) -> Result<Dense<D::V>> {
+    Ok(match op {
+        BlockOpKind::Matmul { a, b } => dense::matmul(d, get(vals, *a)?, get(vals, *b)?),
+        BlockOpKind::Unary { op, x } => dense::unary(d, *op, get(vals, *x)?),
+        BlockOpKind::Binary { op, a, b } => dense::binary(d, *op, get(vals, *a)?, get(vals, *b)?),
+        BlockOpKind::Reduction { x, dim } => dense::reduce_sum(d, get(vals, *x)?, *dim),
+        BlockOpKind::ReductionToDimx { x, dim } => {
+            dense::reduce_groups(d, get(vals, *x)?, *dim, dimx)
+        }
+        BlockOpKind::RmsNorm { x, eps } => dense::rms_norm(d, get(vals, *x)?, 1, None, *eps),
+        BlockOpKind::Concat { xs, dim } => {
+            let parts: Vec<&Dense<D::V>> =
+                xs.iter().map(|&x| get(vals, x)).collect::<Result<_>>()?;
+            dense::concat(&parts, *dim)
+        }
+        BlockOpKind::Input { .. } | BlockOpKind::ForloopAccum { .. } => {
+            return Err(internal("compute_tile on input/accumulator"))
+        }
+    })
+}
+
+/// Run one thread block: the for-loop, accumulators, after-loop ops; returns output tiles.
+fn run_one_block<D: Domain>(
+    d: &D,
+    bg: &BlockGraph,
+    inputs: &[&Dense<D::V>],
+    bidx: [usize; 3],
+) -> Result<Vec<Dense<D::V>>> {
+    let ops = bg.ops();
+    let tiles = bg.tiles();
+    let grid = bg.grid_dim();
+    let forloop = bg.forloop_range() as usize;
+    let dimx = bg.reduction_dimx() as usize;
+    let mut vals: Vec<Option<Dense<D::V>>> = vec![None; ops.len()];
+    let mut accs: Vec<Option<Dense<D::V>>> = vec![None; ops.len()];
+    let mut input_pos = 0usize;
+    let input_of: Vec<usize> = ops
+        .iter()
+        .map(|op| {
+            let k = input_pos;
+            if matches!(op, BlockOpKind::Input { .. }) {
+                input_pos += 1;
+            }
+            k
+        })
+        .collect();
+    for it in 0..forloop {
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                BlockOpKind::Input {
+                    kernel_dims,
+                    imap,
+                    fmap,
+                    ..
+                } => {
+                    if *fmap < 0 && it > 0 {
+                        continue; // loaded once
+                    }
+                    let src = inputs.get(input_of[i]).ok_or_else(|| internal("input"))?;
+                    let geo = bg.input_geometry(kernel_dims, *imap, *fmap);
+                    let mut off = vec![0; kernel_dims.len()];
+                    for a in 0..3 {
+                        if grid[a] > 1 && imap[a] >= 0 {
+                            let dd = imap[a] as usize;
+                            off[dd] = bidx[a] * geo.block_dims[dd];
+                        }
+                    }
+                    if *fmap >= 0 {
+                        let dd = *fmap as usize;
+                        off[dd] += it * geo.tile_dims[dd];
+                    }
+                    vals[i] = Some(src.slice(&off, &geo.tile_dims));
+                }
+                BlockOpKind::ForloopAccum { x, kind } => {
+                    let step = accum_step(d, *kind, get(&vals, *x)?, dimx);
+                    match &mut accs[i] {
+                        Some(acc) => dense::add_assign(d, acc, &step),
+                        slot @ None => *slot = Some(step),
+                    }
+                }
+                other => {
+                    if tiles[i].phase == Phase::LoopBody {
+                        vals[i] = Some(compute_tile(d, other, &vals, dimx)?);
+                    }
+                }
+            }
+        }
+    }
+    for (i, op) in ops.iter().enumerate() {
+        if tiles[i].phase != Phase::AfterLoop {
+            continue;
+        }
+        vals[i] = Some(match op {
+            BlockOpKind::ForloopAccum { x, kind } => {
+                let acc = accs[i].take().ok_or_else(|| internal("accumulator"))?;
+                let last = tiles[*x].dims.last().copied().unwrap_or(1);
+                accum_finish(d, *kind, acc, last, forloop)
+            }
+            other => compute_tile(d, other, &vals, dimx)?,
+        });
+    }
+    bg.outputs()
+        .iter()
+        .map(|o| get(&vals, o.tile).cloned())
+        .collect()
+}

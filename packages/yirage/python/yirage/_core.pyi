@@ -1,0 +1,127 @@
+"""Type stubs for the native module ``yirage._core`` (PyO3 bindings of crates/yirage-core).
+
+Tensors are referred to by integer ids local to their graph. The public Python API
+(``yirage.KernelGraph`` etc.) wraps these classes; users should not need this module.
+
+Dtype names: "float16", "bfloat16", "float32".
+Unary op names: "exp", "square", "sqrt", "rsqrt", "silu", "gelu", "relu", "sigmoid",
+"tanh", "neg" (no params), "mul_scalar" (params=(scalar,)), "clamp" (params=(lo, hi)).
+Binary op names: "add", "sub", "mul", "div", "pow" (size-1 broadcasting).
+Accumulator names for ``forloop_accum``: None (sum over iterations), "sum" (sum over the
+last dim and iterations, keepdim), "rms" (sqrt(mean of squares over the last dim and all
+iterations + eps), keepdim), "sum_todimx" (sum over iterations, last dim summed in
+contiguous groups down to ``reduction_dimx``).
+"""
+
+from collections.abc import Sequence
+
+__version__: str
+
+class YirageError(Exception):
+    """Base class of every error yirage raises."""
+
+class ShapeError(YirageError):
+    """Dims that do not fit the operator (the message names the expected shape)."""
+
+class DTypeError(YirageError):
+    """Unsupported dtype or mixed dtypes."""
+
+class GraphError(YirageError):
+    """Malformed graph: unknown tensor id, no outputs, bad op name or parameters."""
+
+class MappingError(YirageError):
+    """Thread-block graph mapping problem: imap/fmap/omap that do not divide or collide,
+    outputs not after an accumulator, grid/block/forloop out of range."""
+
+class SerializationError(YirageError):
+    """Invalid or unsupported JSON."""
+
+class EvaluationError(YirageError):
+    """Inputs given to evaluate/fingerprint do not match the graph."""
+
+class BlockGraph:
+    def __init__(
+        self,
+        grid_dim: tuple[int, int, int],
+        block_dim: tuple[int, int, int],
+        forloop_range: int,
+        reduction_dimx: int,
+    ) -> None: ...
+    @property
+    def grid_dim(self) -> tuple[int, int, int]: ...
+    @property
+    def block_dim(self) -> tuple[int, int, int]: ...
+    @property
+    def forloop_range(self) -> int: ...
+    @property
+    def reduction_dimx(self) -> int: ...
+    def new_input(
+        self,
+        dims: Sequence[int],
+        dtype: str,
+        input_map: tuple[int, int, int],
+        forloop_dim: int,
+    ) -> int:
+        """Declare the next customized-op input (kernel tensor of ``dims``); returns the tile id.
+
+        The tile divides dim ``input_map[a]`` by ``grid_dim[a]`` for each grid axis with
+        grid_dim[a] > 1 (-1 = replicated), and dim ``forloop_dim`` by ``forloop_range``
+        (-1 = loaded once)."""
+    def matmul(self, a: int, b: int) -> int: ...
+    def unary(self, op: str, x: int, params: Sequence[float] = ()) -> int: ...
+    def binary(self, op: str, a: int, b: int) -> int: ...
+    def reduction(self, x: int, dim: int) -> int: ...
+    def reduction_to_dimx(self, x: int, dim: int) -> int: ...
+    def rms_norm(self, x: int, eps: float) -> int: ...
+    def concat(self, xs: Sequence[int], dim: int) -> int: ...
+    def forloop_accum(self, x: int, acc: str | None = None, eps: float = 0.0) -> int: ...
+    def new_output(self, x: int, output_map: tuple[int, int, int]) -> int:
+        """Mark an accumulated tile as output; returns the output's index."""
+    def tensor_dims(self, t: int) -> list[int]: ...
+    def tensor_dtype(self, t: int) -> str: ...
+    def num_inputs(self) -> int: ...
+    def num_outputs(self) -> int: ...
+    def output_dims(self) -> list[list[int]]:
+        """Kernel-level dims of each output (tile dims times grid along the omap)."""
+
+class KernelGraph:
+    def __init__(self) -> None: ...
+    def new_input(self, dims: Sequence[int], dtype: str) -> int: ...
+    def matmul(self, a: int, b: int) -> int: ...
+    def unary(self, op: str, x: int, params: Sequence[float] = ()) -> int: ...
+    def binary(self, op: str, a: int, b: int) -> int: ...
+    def reduction(self, x: int, dim: int) -> int: ...
+    def rms_norm(
+        self, x: int, normalized_shape: Sequence[int], weight: int | None, eps: float
+    ) -> int: ...
+    def softmax(self, x: int, dim: int) -> int: ...
+    def concat(self, xs: Sequence[int], dim: int) -> int: ...
+    def chunk(self, x: int, chunks: int, dim: int) -> list[int]: ...
+    def customized(self, inputs: Sequence[int], block_graph: BlockGraph) -> list[int]: ...
+    def mark_output(self, x: int) -> None: ...
+    def tensor_dims(self, t: int) -> list[int]: ...
+    def tensor_dtype(self, t: int) -> str: ...
+    def num_tensors(self) -> int: ...
+    def inputs(self) -> list[int]: ...
+    def outputs(self) -> list[int]: ...
+    def describe(self) -> str:
+        """Human-readable listing of the ops, one per line."""
+    def evaluate(
+        self, inputs: Sequence[tuple[bytes, Sequence[int]]]
+    ) -> list[tuple[bytes, list[int]]]:
+        """Reference evaluator in float64. Each input is (little-endian float64 bytes, dims);
+        returns one (bytes, dims) per output. Releases the GIL."""
+    def fingerprint(self, trials: int = 2, seed: int = 0, threads: int | None = None) -> str:
+        """Hex digest of the outputs' finite-field fingerprints over ``trials`` seeded trials.
+        Bit-identical for any ``threads``. Releases the GIL."""
+    def to_json(self) -> str: ...
+    @staticmethod
+    def from_json(s: str) -> KernelGraph: ...
+    def hash(self) -> str:
+        """Stable content hash (hex) of the canonical JSON."""
+
+def equivalent(a: KernelGraph, b: KernelGraph, trials: int = 2, seed: int = 0) -> bool:
+    """Fingerprint equivalence; raises ShapeError when the input signatures differ."""
+
+def field_info() -> dict[str, int]:
+    """The fingerprint field's parameters: {"p": ..., "q": ..., "g": ...}."""
