@@ -1,0 +1,115 @@
+"""Developer and CI sessions.
+
+nox -s ci            lint, then rust, then tests (what .ci/run runs)
+nox -s lint          ruff, cargo fmt, clippy, mypy, stub check against the native module
+nox -s rust          cargo test --workspace
+nox -s tests         build the wheel, install it and the vendor packages, run pytest
+nox -s demo          the RMSNorm + Linear example end to end on the reference evaluator
+nox -s tests-cuda    hardware tests (also -rocm, -mps, -ascend, -tpu; tags: hardware, <vendor>);
+                     they skip without the device unless YIRAGE_REQUIRE_DEVICE=1
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+VENDORS = ("cpu", "cuda", "rocm", "mps", "ascend", "tpu")
+HARDWARE = ("cuda", "rocm", "mps", "ascend", "tpu")
+TEST_DEPS = ("pytest>=8", "hypothesis>=6")
+
+nox.options.sessions = ["lint", "rust", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+_wheel_dir: Path | None = None
+
+
+def _wheel(session: nox.Session) -> Path:
+    """Build the yirage wheel (release, abi3) once per nox run and return its path."""
+    global _wheel_dir
+    if _wheel_dir is None or not any(_wheel_dir.glob("yirage-*.whl")):
+        out = Path(tempfile.mkdtemp(prefix="yirage-wheel-"))
+        session.install("maturin>=1.5,<2")
+        with session.chdir(ROOT / "packages" / "yirage"):
+            session.run(
+                "maturin", "build", "--release", "--interpreter", "python", "--out", str(out)
+            )
+        _wheel_dir = out
+    (wheel,) = sorted(_wheel_dir.glob("yirage-*.whl"))
+    return wheel
+
+
+def _install_yirage(session: nox.Session, *, vendors: bool = True) -> None:
+    """Install the freshly built wheel (and the vendor packages) into the session."""
+    wheel = _wheel(session)
+    session.install("numpy")
+    session.install("--force-reinstall", "--no-deps", str(wheel))
+    if vendors:
+        session.install(
+            "--force-reinstall", "--no-deps", *(f"./packages/yirage-{v}" for v in VENDORS)
+        )
+
+
+@nox.session(tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """Static checks of Python and Rust, and the native module against its stub."""
+    session.install("ruff", "mypy")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("cargo", "fmt", "--all", "--check", external=True)
+    session.run(
+        "cargo", "clippy", "--workspace", "--all-targets", "--", "-D", "warnings", external=True
+    )
+    _install_yirage(session, vendors=False)
+    session.run(
+        "python", "-m", "mypy.stubtest", "yirage._core",
+        "--allowlist", "tests/stubtest-allowlist.txt",
+    )  # fmt: skip
+
+
+@nox.session(python=False, tags=["ci"])
+def rust(session: nox.Session) -> None:
+    """Rust unit and integration tests."""
+    session.run("cargo", "test", "--workspace", external=True)
+
+
+@nox.session(tags=["ci"])
+def tests(session: nox.Session) -> None:
+    """The Python test suite against the built wheel and all vendor packages."""
+    _install_yirage(session)
+    session.install(*TEST_DEPS)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=False)
+def ci(session: nox.Session) -> None:
+    """lint, rust and tests, in that order (one command for CI)."""
+    for name in ("lint", "rust", "tests"):
+        session.notify(name)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Build the RMSNorm + Linear example, show its µGraph, check it, then `yirage doctor`."""
+    _install_yirage(session)
+    session.run("python", "docs/examples/rmsnorm_linear.py")
+    session.run("yirage", "doctor")
+
+
+def _hardware_session(vendor: str) -> None:
+    @nox.session(name=f"tests-{vendor}", tags=["hardware", vendor])
+    def hardware_tests(session: nox.Session) -> None:
+        _install_yirage(session)
+        session.install(*TEST_DEPS)
+        session.run("pytest", "-m", vendor, *session.posargs)
+
+    hardware_tests.__doc__ = (
+        f"Tests marked `{vendor}`: skip without the device unless YIRAGE_REQUIRE_DEVICE=1."
+    )
+
+
+for _vendor in HARDWARE:
+    _hardware_session(_vendor)

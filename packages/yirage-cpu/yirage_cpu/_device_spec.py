@@ -1,0 +1,121 @@
+"""CPU DeviceSpec: queried live (cores, caches, SIMD width); there is no datasheet table.
+
+Bandwidth and peak FLOPS are not measured here and stay None."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+from yirage import DeviceSpec
+from yirage_cpu._probe import cpu_model
+
+#: No table: CPUs are described by a live query.
+KNOWN_DEVICES: dict[str, DeviceSpec] = {}
+
+_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+_VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD", "HygonGenuine": "Hygon"}
+
+
+def parse_size(text: str) -> int | None:
+    """'48K' -> 49152; '2048K'; '32M'; a plain number is bytes."""
+    t = text.strip().upper()
+    scale = 1
+    if t.endswith("K"):
+        scale, t = 1024, t[:-1]
+    elif t.endswith("M"):
+        scale, t = 1024 * 1024, t[:-1]
+    elif t.endswith("G"):
+        scale, t = 1024**3, t[:-1]
+    return int(t) * scale if t.isdigit() else None
+
+
+def cache_sizes(cache_dir: Path = _CACHE_DIR) -> dict[str, int]:
+    """{"L1d": bytes, "L2": bytes, "L3": bytes} from sysfs (whatever is present)."""
+    sizes: dict[str, int] = {}
+    try:
+        entries = sorted(cache_dir.glob("index*"))
+    except OSError:
+        return sizes
+    for entry in entries:
+        try:
+            level = (entry / "level").read_text().strip()
+            kind = (entry / "type").read_text().strip()
+            size = parse_size((entry / "size").read_text())
+        except OSError:
+            continue
+        if size is None or kind == "Instruction":
+            continue
+        key = f"L{level}d" if level == "1" else f"L{level}"
+        sizes.setdefault(key, size)
+    return sizes
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str | None, set[str]]:
+    """(vendor_id, feature flags) from /proc/cpuinfo (x86 'flags', ARM 'Features')."""
+    vendor: str | None = None
+    flags: set[str] = set()
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return vendor, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "vendor_id" and vendor is None:
+            vendor = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return vendor, flags
+
+
+def simd_width_bits(flags: set[str], machine: str) -> int | None:
+    """Widest float SIMD the flags advertise."""
+    if "avx512f" in flags:
+        return 512
+    if "avx2" in flags or "avx" in flags:
+        return 256
+    if "sse2" in flags or "asimd" in flags or "neon" in flags:
+        return 128
+    if machine.lower() in ("arm64", "aarch64"):
+        return 128  # NEON is mandatory on AArch64
+    return None
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (affinity/cgroup-aware where the OS says so)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def device_spec() -> DeviceSpec:
+    machine = platform.machine() or "unknown"
+    vendor_id, flags = cpu_flags()
+    if vendor_id:
+        vendor = _VENDORS.get(vendor_id, vendor_id)
+    elif platform.system() == "Darwin" and machine == "arm64":
+        vendor = "Apple"
+    elif machine.lower() in ("arm64", "aarch64"):
+        vendor = "ARM"
+    else:
+        vendor = "unknown"
+    caches = cache_sizes()
+    return DeviceSpec(
+        name=cpu_model(),
+        vendor=vendor,
+        arch=machine,
+        compute_units=usable_cores(),
+        warp_size=None,
+        max_threads_per_block=None,
+        shared_mem_per_block=caches.get("L1d"),
+        l2_bytes=caches.get("L2"),
+        mem_bandwidth_gbps=None,
+        peak_tflops_fp16=None,
+        peak_tflops_fp32=None,
+        matrix_tile=None,
+        simd_width_bits=simd_width_bits(flags, machine),
+        source="live",
+    )

@@ -1,0 +1,39 @@
+"""The NVIDIA CUDA backend of yirage: KernelPlans printed as Triton (primary) and CUDA C++
+(second path, profiled against Triton per candidate), compiled with Triton / NVRTC or nvcc,
+run through torch.cuda on the current stream.
+
+yirage finds it through the ``yirage.backends`` entry point, which calls :func:`register`.
+``CudaBackend(interpret=True)`` runs the generated Triton kernels in the Triton interpreter on
+CPU tensors (no GPU), which is how CI verifies them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from yirage import Backend
+
+__all__ = ["CudaBackend", "register", "self_check"]
+
+
+def register() -> Backend:
+    """Return the backend object. Cheap: imports no vendor SDK."""
+    from yirage_cuda._backend import CudaBackend
+
+    return CudaBackend()
+
+
+def self_check(interpret: bool | None = None, record: bool = True) -> dict[str, Any]:
+    """Run the built-in check plans through the backend (see ``yirage_cuda._selfcheck``)."""
+    from yirage_cuda._selfcheck import run
+
+    return run(interpret=interpret, record=record)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CudaBackend":
+        from yirage_cuda._backend import CudaBackend
+
+        return CudaBackend
+    raise AttributeError(name)

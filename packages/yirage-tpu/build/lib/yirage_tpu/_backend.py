@@ -1,0 +1,27 @@
+"""The Google TPU Backend object."""
+
+from __future__ import annotations
+
+from yirage import Backend, DeviceSpec, ProbeResult, VerificationLevel
+from yirage_tpu import _device_spec, _probe
+
+
+class TpuBackend(Backend):
+    """Google TPU: probe and DeviceSpec. codegen/compile/load/profile are not implemented yet
+    (they raise yirage.NotImplementedBackendError)."""
+
+    name = "tpu"
+    distribution = "yirage-tpu"
+    verification_level = VerificationLevel.NONE
+
+    def probe(self) -> ProbeResult:
+        return _probe.probe()
+
+    def device_spec(self) -> DeviceSpec:
+        spec = _device_spec.device_spec()
+        if spec is None:
+            raise self._unavailable(self.probe().reason)
+        return spec
+
+    def known_devices(self) -> dict[str, DeviceSpec]:
+        return dict(_device_spec.KNOWN_DEVICES)

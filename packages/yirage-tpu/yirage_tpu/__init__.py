@@ -1,0 +1,20 @@
+"""The Google TPU backend of yirage (probe and DeviceSpec; no code generator yet).
+
+yirage finds it through the ``yirage.backends`` entry point, which calls :func:`register`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from yirage import Backend
+
+__all__ = ["register"]
+
+
+def register() -> Backend:
+    """Return the backend object. Cheap: imports no vendor SDK."""
+    from yirage_tpu._backend import TpuBackend
+
+    return TpuBackend()

@@ -1,0 +1,272 @@
+"""The plugin contract between the meta package and the vendor packages.
+
+A vendor package (``yirage-cuda``, ``yirage-cpu`` …) registers an entry point in the group
+``yirage.backends`` whose value is a cheap ``register()`` returning a :class:`Backend`.
+See ARCHITECTURE.md §8 and docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.metadata
+import json
+import re
+import shutil
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from yirage._errors import BackendUnavailableError, NotImplementedBackendError
+
+if TYPE_CHECKING:
+    from yirage._graph import KernelGraph
+
+__all__ = [
+    "PLUGIN_API",
+    "Backend",
+    "DeviceSpec",
+    "ProbeResult",
+    "SearchSpace",
+    "VerificationLevel",
+]
+
+#: (major, minor) of the plugin contract. A plugin with another major is refused.
+PLUGIN_API: tuple[int, int] = (1, 0)
+
+
+class VerificationLevel(enum.Enum):
+    """How far a backend's generated code has been verified (stated honestly everywhere)."""
+
+    HARDWARE = "ran on hardware"
+    EMULATED = "ran emulated"
+    COMPILED = "compiled for the target"
+    GENERATED = "generated only"
+    NONE = "no code generator yet"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the search and cost model know about a device.
+
+    ``shared_mem_per_block`` is the fast on-chip memory one block may use, in bytes (shared
+    memory on NVIDIA/AMD LDS, threadgroup memory on Apple, the unified buffer on Ascend, VMEM
+    on TPU, L1d per core on CPUs). A field is None when the concept does not apply or the
+    figure is not published; ``source`` says whether the figures come from yirage's
+    datasheet table, a live query of the runtime, or both.
+    """
+
+    name: str
+    vendor: str
+    arch: str
+    compute_units: int | None
+    warp_size: int | None
+    max_threads_per_block: int | None
+    shared_mem_per_block: int | None
+    l2_bytes: int | None
+    mem_bandwidth_gbps: float | None
+    peak_tflops_fp16: float | None
+    peak_tflops_fp32: float | None
+    matrix_tile: tuple[int, int, int] | None = None
+    simd_width_bits: int | None = None
+    source: Literal["table", "live", "table+live"] = "table"
+
+    def with_live(self, **live: Any) -> DeviceSpec:
+        """This (table) spec updated with the live-queried fields that are not None."""
+        found = {k: v for k, v in live.items() if v is not None}
+        return replace(self, **found, source="table+live") if found else self
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.matrix_tile is not None:
+            d["matrix_tile"] = list(self.matrix_tile)
+        return d
+
+    def to_json(self) -> str:
+        """Stable JSON (sorted keys)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def summary(self) -> str:
+        """One line for ``yirage doctor``."""
+        parts = [f"{self.name} ({self.vendor} {self.arch})"]
+        if self.compute_units is not None:
+            parts.append(f"{self.compute_units} compute units")
+        if self.shared_mem_per_block is not None:
+            parts.append(f"{self.shared_mem_per_block // 1024} KiB on-chip per block")
+        if self.l2_bytes is not None:
+            parts.append(f"L2 {self.l2_bytes / 2**20:g} MiB")
+        if self.mem_bandwidth_gbps is not None:
+            parts.append(f"{self.mem_bandwidth_gbps:g} GB/s")
+        if self.peak_tflops_fp16 is not None:
+            parts.append(f"{self.peak_tflops_fp16:g} TFLOPS fp16")
+        if self.simd_width_bits is not None:
+            parts.append(f"SIMD {self.simd_width_bits} bit")
+        parts.append(f"source: {self.source}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Outcome of :meth:`Backend.probe`: is the hardware there, and which tools were found."""
+
+    available: bool
+    reason: str
+    hardware: str | None = None
+    toolchain: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Hardware limits that shape the candidate generators of the search (ARCHITECTURE §5).
+
+    Derived from a DeviceSpec by :meth:`Backend.search_space`; the core's search consumes
+    it (the search itself arrives in a later release)."""
+
+    block_sizes: tuple[int, ...]
+    max_grid_blocks: int
+    forloop_ranges: tuple[int, ...]
+    reduction_dimx: tuple[int, ...]
+    shared_mem_bytes: int
+    matrix_tile: tuple[int, int, int] | None
+
+
+_CONSERVATIVE_SHARED = 48 * 1024
+
+
+class Backend(ABC):
+    """Base class of every backend. Subclasses set ``name`` and implement :meth:`probe` and
+    :meth:`device_spec`; the code-generation steps raise NotImplementedBackendError until a
+    vendor implements them."""
+
+    #: Backend name, equal to the entry-point name (e.g. "cuda").
+    name: str = ""
+    #: (major, minor) of the plugin contract this backend was written for.
+    plugin_api: tuple[int, int] = PLUGIN_API
+    #: Distribution that ships this backend (used for ``package_version``).
+    distribution: str = ""
+    verification_level: VerificationLevel = VerificationLevel.NONE
+
+    @property
+    def package_version(self) -> str:
+        """Version of the vendor distribution (``0+unknown`` when not installed as one)."""
+        if not self.distribution:
+            return "0+unknown"
+        try:
+            return importlib.metadata.version(self.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return "0+unknown"
+
+    @property
+    def codegen_implemented(self) -> bool:
+        return type(self).codegen is not Backend.codegen
+
+    @abstractmethod
+    def probe(self) -> ProbeResult:
+        """Hardware present? Toolchain present? Versions. Must never raise."""
+
+    @abstractmethod
+    def device_spec(self) -> DeviceSpec:
+        """The spec of the device this backend would run on (live where the runtime allows).
+
+        Raises BackendUnavailableError when there is no device."""
+
+    def known_devices(self) -> dict[str, DeviceSpec]:
+        """The backend's datasheet table of known chips (may be empty)."""
+        return {}
+
+    def search_space(self, graph: KernelGraph | None = None) -> SearchSpace:
+        """Search limits derived from :meth:`device_spec` (``graph`` reserved for
+        shape-dependent refinements)."""
+        spec = self.device_spec()
+        warp = spec.warp_size or 1
+        max_threads = spec.max_threads_per_block or warp
+        sizes: list[int] = []
+        threads = warp
+        while threads <= max_threads and len(sizes) < 6:
+            sizes.append(threads)
+            threads *= 2
+        tile = spec.matrix_tile
+        dimx = tuple(sorted({64, *(tile[1:2] if tile else ())}))
+        return SearchSpace(
+            block_sizes=tuple(sizes) or (1,),
+            max_grid_blocks=max(1, (spec.compute_units or 1) * 8),
+            forloop_ranges=(1, 2, 4, 8, 16, 32, 64),
+            reduction_dimx=dimx,
+            shared_mem_bytes=spec.shared_mem_per_block or _CONSERVATIVE_SHARED,
+            matrix_tile=tile,
+        )
+
+    # -- steps filled in per vendor by later releases -----------------------------------------
+    def codegen(self, plan: Any) -> Any:
+        """Print a KernelPlan as source code for this target."""
+        raise NotImplementedBackendError(self.name, self.package_version, "codegen")
+
+    def compile(self, source: Any) -> Any:
+        """Compile generated source with the vendor toolchain."""
+        raise NotImplementedBackendError(self.name, self.package_version, "compile")
+
+    def load(self, artifact: Any) -> Any:
+        """Load a compiled artifact and return a launcher."""
+        raise NotImplementedBackendError(self.name, self.package_version, "load")
+
+    def profile(self, launcher: Any, inputs: Any) -> Any:
+        """Time a launcher on the device."""
+        raise NotImplementedBackendError(self.name, self.package_version, "profile")
+
+    # -- helpers for probes (never raise) ----------------------------------------------------
+    def _unavailable(self, reason: str) -> BackendUnavailableError:
+        return BackendUnavailableError(self.name, reason)
+
+    @staticmethod
+    def _distribution_version(dist: str) -> str | None:
+        """Installed version of a Python distribution, without importing it."""
+        try:
+            return importlib.metadata.version(dist)
+        except Exception:
+            return None
+
+    @staticmethod
+    def _match_device(
+        live_name: str, candidates: Sequence[tuple[Sequence[str], DeviceSpec]]
+    ) -> DeviceSpec | None:
+        """The first table spec whose needles all occur in ``live_name`` (case-insensitive;
+        a needle starting with "!" must not occur)."""
+        key = live_name.lower()
+        for needles, spec in candidates:
+            if all(
+                (n[1:].lower() not in key) if n.startswith("!") else (n.lower() in key)
+                for n in needles
+            ):
+                return spec
+        return None
+
+    @staticmethod
+    def _command_version(
+        command: str, *args: str, match: str | None = None, timeout: float = 10.0
+    ) -> str | None:
+        """The first output line of ``command args`` (default ``--version``) that is non-empty
+        (or matches the regex ``match``); None when the command is missing or fails."""
+        path = shutil.which(command)
+        if path is None:
+            return None
+        try:
+            proc = subprocess.run(
+                [path, *(args or ("--version",))],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except Exception:
+            return None
+        for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+            if line.strip() and (match is None or re.search(match, line)):
+                return line.strip()
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self.package_version}>"

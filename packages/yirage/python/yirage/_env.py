@@ -1,0 +1,149 @@
+"""The one registry of yirage's environment variables.
+
+Nothing else in yirage reads ``os.environ`` for ``YIRAGE_*`` names: code calls the accessors
+below, and ``yirage doctor`` and ``docs/env.md`` list :data:`ENV_VARS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from yirage._errors import ConfigError
+
+__all__ = [
+    "ENV_VARS",
+    "EnvVar",
+    "backends",
+    "cache_dir",
+    "log_level",
+    "require_device",
+    "threads",
+]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One documented environment variable. ``default`` is shown as text (None: unset)."""
+
+    name: str
+    default: str | None
+    description: str
+
+    def raw(self) -> str | None:
+        """The variable's value, or None when unset or empty."""
+        value = os.environ.get(self.name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+
+YIRAGE_BACKENDS = EnvVar(
+    "YIRAGE_BACKENDS",
+    None,
+    "Comma-separated backend names (e.g. 'cuda,cpu') to use, in this order. Unset: every "
+    "installed backend whose probe passes, best first. A backend named here that is not "
+    "installed, fails to load or fails its probe raises BackendUnavailableError instead of "
+    "being skipped.",
+)
+YIRAGE_CACHE_DIR = EnvVar(
+    "YIRAGE_CACHE_DIR",
+    "$XDG_CACHE_HOME/yirage, or ~/.cache/yirage when XDG_CACHE_HOME is unset",
+    "Directory of yirage's on-disk cache.",
+)
+YIRAGE_LOGS = EnvVar(
+    "YIRAGE_LOGS",
+    "WARNING",
+    "Log level of the 'yirage' logger: DEBUG, INFO, WARNING, ERROR or CRITICAL.",
+)
+YIRAGE_REQUIRE_DEVICE = EnvVar(
+    "YIRAGE_REQUIRE_DEVICE",
+    "0",
+    "Tests only: '1' makes hardware tests fail instead of skip when the device is absent.",
+)
+YIRAGE_THREADS = EnvVar(
+    "YIRAGE_THREADS",
+    None,
+    "Number of threads for search and fingerprinting (a positive integer). Unset: all cores. "
+    "Results are bit-identical for any value.",
+)
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    YIRAGE_BACKENDS,
+    YIRAGE_CACHE_DIR,
+    YIRAGE_LOGS,
+    YIRAGE_REQUIRE_DEVICE,
+    YIRAGE_THREADS,
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def backends() -> tuple[str, ...] | None:
+    """Backend names selected by ``YIRAGE_BACKENDS`` (lower-cased), or None when unset."""
+    raw = YIRAGE_BACKENDS.raw()
+    if raw is None:
+        return None
+    names: list[str] = []
+    for part in raw.split(","):
+        name = part.strip().lower()
+        if name and name not in names:
+            names.append(name)
+    if not names:
+        return None
+    return tuple(names)
+
+
+def cache_dir() -> Path:
+    """The cache directory (not created here)."""
+    raw = YIRAGE_CACHE_DIR.raw()
+    if raw is not None:
+        return Path(raw).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "yirage"
+
+
+def log_level() -> int:
+    """The logging level from ``YIRAGE_LOGS`` (a name or a number)."""
+    raw = YIRAGE_LOGS.raw()
+    if raw is None:
+        return logging.WARNING
+    if raw.isdigit():
+        return int(raw)
+    upper = raw.upper()
+    if upper == "WARN":
+        upper = "WARNING"
+    if upper not in _LEVELS:
+        raise ConfigError(f"YIRAGE_LOGS={raw!r} is not a log level: expected one of {_LEVELS}")
+    return int(getattr(logging, upper))
+
+
+def require_device() -> bool:
+    """True when ``YIRAGE_REQUIRE_DEVICE`` asks hardware tests to fail instead of skip."""
+    raw = YIRAGE_REQUIRE_DEVICE.raw()
+    if raw is None:
+        return False
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ConfigError(f"YIRAGE_REQUIRE_DEVICE={raw!r}: expected 1 or 0")
+
+
+def threads() -> int | None:
+    """Thread count from ``YIRAGE_THREADS``, or None (use all cores)."""
+    raw = YIRAGE_THREADS.raw()
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"YIRAGE_THREADS={raw!r}: expected a positive integer")
+    return value

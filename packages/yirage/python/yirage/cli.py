@@ -1,0 +1,165 @@
+"""Command-line interface: ``yirage doctor``, ``yirage demo``, ``yirage bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from yirage import _env, _registry
+from yirage._backend import PLUGIN_API
+from yirage._bench import add_bench_parser
+
+
+def _versions() -> dict[str, str]:
+    from yirage import __version__, _core
+
+    return {
+        "yirage": __version__,
+        "core": _core.__version__,
+        "plugin_api": f"{PLUGIN_API[0]}.{PLUGIN_API[1]}",
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+    }
+
+
+def _env_rows() -> list[dict[str, Any]]:
+    return [
+        {"name": v.name, "value": v.raw(), "default": v.default, "description": v.description}
+        for v in _env.ENV_VARS
+    ]
+
+
+def _doctor_data() -> dict[str, Any]:
+    infos = [_registry.get_backend_info(n).to_dict() for n in _registry._all_names()]
+    try:
+        selected: Any = _registry.get_available_backends()
+    except Exception as exc:  # YIRAGE_BACKENDS names a backend that is not usable
+        selected = f"error: {exc}"
+    return {
+        "versions": _versions(),
+        "backends": infos,
+        "selected_backends": selected,
+        "cache_dir": str(_env.cache_dir()),
+        "environment": _env_rows(),
+    }
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _print_doctor(data: dict[str, Any]) -> None:
+    v = data["versions"]
+    print(f"yirage {v['yirage']} (core {v['core']}, plugin API {v['plugin_api']})")
+    print(f"Python {v['python']} on {v['platform']}")
+    print()
+    print("Backends (best first):")
+    for b in data["backends"]:
+        print(f"  {b['name']}")
+        print(f"    installed: {_yes(b['installed'])}   available: {_yes(b['available'])}")
+        if not b["available"]:
+            print(f"    why not:   {b['reason']}")
+        elif b["reason"]:
+            print(f"    probe:     {b['reason']}")
+        if b["installed"]:
+            api = ".".join(map(str, b["plugin_api"])) if b["plugin_api"] else "?"
+            print(f"    package:   {b['package_version']} (plugin API {api})")
+            level = b["verification_level"] or "?"
+            codegen = "implemented" if b["codegen_implemented"] else "not implemented yet"
+            print(f"    verified:  {level}; codegen: {codegen}")
+        if b["hardware"]:
+            print(f"    hardware:  {b['hardware']}")
+        if b["toolchain"]:
+            tools = ", ".join(f"{k} {val}" for k, val in sorted(b["toolchain"].items()))
+            print(f"    toolchain: {tools}")
+        spec = b["device_spec"]
+        if spec:
+            print(f"    device:    {_spec_summary(spec)}")
+        if b["error"] and b["available"]:
+            print(f"    error:     {b['error']}")
+    print()
+    selected = data["selected_backends"]
+    shown = ", ".join(selected) if isinstance(selected, list) else selected
+    print(f"Selected backends: {shown or '(none)'}")
+    print(f"Cache dir: {data['cache_dir']}")
+    print()
+    print("Environment:")
+    for row in data["environment"]:
+        if row["value"] is not None:
+            value = row["value"]
+        elif row["default"] is not None:
+            value = f"(unset; default {row['default']})"
+        else:
+            value = "(unset)"
+        print(f"  {row['name']} = {value}")
+        print(f"      {row['description']}")
+
+
+def _spec_summary(spec: dict[str, Any]) -> str:
+    from yirage._backend import DeviceSpec
+
+    fields = dict(spec)
+    if fields.get("matrix_tile") is not None:
+        fields["matrix_tile"] = tuple(fields["matrix_tile"])
+    return DeviceSpec(**fields).summary()
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    data = _doctor_data()
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        _print_doctor(data)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from yirage._demo import run_demo
+
+    run_demo(args.backend, json_output=args.json)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="yirage", description="yirage: multi-backend tensor-program superoptimizer"
+    )
+    parser.add_argument("--version", action="store_true", help="print versions and exit")
+    sub = parser.add_subparsers(dest="command")
+    doctor = sub.add_parser(
+        "doctor",
+        help="show backends, probes, toolchains, verification levels, cache dir, environment",
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(func=_cmd_doctor)
+    demo = sub.add_parser(
+        "demo",
+        help="superoptimize the bundled RMSNorm + Linear example on the best available backend "
+        "and compare it with PyTorch eager",
+    )
+    demo.add_argument("--backend", default=None, help="backend name (default: the best available)")
+    demo.add_argument("--json", action="store_true", help="machine-readable output")
+    demo.set_defaults(func=_cmd_demo)
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        for name, value in _versions().items():
+            print(f"{name}: {value}")
+        return 0
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

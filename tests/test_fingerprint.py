@@ -1,0 +1,124 @@
+"""Finite-field fingerprints: equivalent graphs agree, wrong ones disagree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from _graphs import rmsnorm_linear, rmsnorm_linear_ugraph
+
+import yirage as yr
+
+Build = Callable[[yr.KernelGraph, yr.DTensor, yr.DTensor, yr.DTensor], yr.DTensor]
+
+
+def _graph3(build: Build, dims: tuple[int, ...] = (4, 6)) -> yr.KernelGraph:
+    g = yr.new_kernel_graph()
+    a, b, c = (g.new_input(dims, dtype=yr.float16) for _ in range(3))
+    g.mark_output(build(g, a, b, c))
+    return g
+
+
+def test_customized_rmsnorm_linear_is_equivalent() -> None:
+    ref = rmsnorm_linear(8, 512, 768)
+    fused = rmsnorm_linear_ugraph(8, 512, 768)
+    assert yr.equivalent(ref, fused, trials=2)
+    assert ref.fingerprint() == fused.fingerprint()
+
+
+def test_eps_enters_exactly() -> None:
+    eps = 1e-3
+    ref = rmsnorm_linear(8, 64, 32, eps=eps)
+    assert yr.equivalent(ref, rmsnorm_linear_ugraph(8, 64, 32, grid=4, forloop=2, eps=eps))
+    assert not yr.equivalent(ref, rmsnorm_linear_ugraph(8, 64, 32, grid=4, forloop=2, eps=2e-3))
+    assert not yr.equivalent(ref, rmsnorm_linear_ugraph(8, 64, 32, grid=4, forloop=2))
+
+
+def test_wrong_imap_is_not_equivalent() -> None:
+    # W square and grid == forloop: reading W's blocks transposed keeps every tile shape
+    # ([128,128]) but computes something else.
+    ref = rmsnorm_linear(8, 512, 512)
+    good = rmsnorm_linear_ugraph(8, 512, 512, grid=4, forloop=4)
+    wrong = rmsnorm_linear_ugraph(8, 512, 512, grid=4, forloop=4, w_imap=(0, -1, -1), w_fmap=1)
+    assert yr.equivalent(ref, good)
+    assert not yr.equivalent(ref, wrong)
+
+
+def test_wrong_fmap_is_not_equivalent() -> None:
+    # fmap -1 loads whole tiles in every iteration: the product is accumulated 4 times.
+    ref = rmsnorm_linear(8, 64, 64)
+    wrong = rmsnorm_linear_ugraph(8, 64, 64, grid=4, forloop=4, x_fmap=-1, w_fmap=-1)
+    assert not yr.equivalent(ref, wrong)
+
+
+def test_missing_accumulator_is_not_equivalent() -> None:
+    ref = rmsnorm_linear(8, 64, 64)
+    assert not yr.equivalent(ref, rmsnorm_linear_ugraph(8, 64, 64, with_rms=False))
+
+
+def test_algebraic_identities() -> None:
+    assert yr.equivalent(
+        _graph3(lambda g, a, b, c: g.add(a, b)), _graph3(lambda g, a, b, c: g.add(b, a))
+    )
+    assert yr.equivalent(
+        _graph3(lambda g, a, b, c: g.exp(g.add(a, b))),
+        _graph3(lambda g, a, b, c: g.mul(g.exp(a), g.exp(b))),
+    )
+    assert not yr.equivalent(
+        _graph3(lambda g, a, b, c: g.add(g.mul(a, b), c)),
+        _graph3(lambda g, a, b, c: g.mul(a, g.add(b, c))),
+    )
+    assert yr.equivalent(
+        _graph3(lambda g, a, b, c: g.mul(a, g.add(b, c))),
+        _graph3(lambda g, a, b, c: g.add(g.mul(a, b), g.mul(a, c))),
+    )
+    assert yr.equivalent(
+        _graph3(lambda g, a, b, c: g.div(g.mul(a, b), b)), _graph3(lambda g, a, b, c: a)
+    )
+
+
+def test_one_op_change_disagrees() -> None:
+    base = _graph3(lambda g, a, b, c: g.exp(g.sub(a, b)))
+    for other in (
+        lambda g, a, b, c: g.exp(g.add(a, b)),
+        lambda g, a, b, c: g.square(g.sub(a, b)),
+        lambda g, a, b, c: g.exp(g.sub(b, a)),
+        lambda g, a, b, c: g.exp(g.sub(a, c)),
+    ):
+        assert not yr.equivalent(base, _graph3(other))
+
+
+def test_uninterpreted_ops_are_consistent_functions() -> None:
+    silu = _graph3(lambda g, a, b, c: g.silu(g.add(a, b)))
+    assert yr.equivalent(silu, _graph3(lambda g, a, b, c: g.silu(g.add(b, a))))
+    assert not yr.equivalent(silu, _graph3(lambda g, a, b, c: g.gelu(g.add(a, b))))
+    assert not yr.equivalent(_graph3(lambda g, a, b, c: g.relu(a)), _graph3(lambda g, a, b, c: a))
+    assert not yr.equivalent(
+        _graph3(lambda g, a, b, c: g.clamp(a, -1.0, 1.0)),
+        _graph3(lambda g, a, b, c: g.clamp(a, -1.0, 2.0)),
+    )
+
+
+def test_fingerprint_is_deterministic_and_thread_independent(monkeypatch) -> None:
+    g = rmsnorm_linear_ugraph(8, 512, 768)
+    one = g.fingerprint(trials=3, seed=7, threads=1)
+    assert g.fingerprint(trials=3, seed=7, threads=4) == one
+    assert rmsnorm_linear_ugraph(8, 512, 768).fingerprint(trials=3, seed=7, threads=2) == one
+    monkeypatch.setenv("YIRAGE_THREADS", "3")
+    assert g.fingerprint(trials=3, seed=7) == one
+    assert g.fingerprint(trials=3, seed=8) != one
+    assert len(one) >= 32 and int(one, 16) >= 0
+
+
+def test_equivalence_needs_equal_input_signatures() -> None:
+    a = _graph3(lambda g, a, b, c: g.add(a, b), dims=(4, 6))
+    b = _graph3(lambda g, a, b, c: g.add(a, b), dims=(4, 8))
+    with pytest.raises(yr.ShapeError):
+        yr.equivalent(a, b)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_seeds_do_not_change_the_verdict(seed: int) -> None:
+    ref = rmsnorm_linear(8, 64, 64)
+    assert yr.equivalent(ref, rmsnorm_linear_ugraph(8, 64, 64, grid=4), seed=seed)
+    assert not yr.equivalent(ref, rmsnorm_linear_ugraph(8, 64, 64, with_rms=False), seed=seed)
