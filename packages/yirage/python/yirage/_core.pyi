@@ -14,8 +14,23 @@ contiguous groups down to ``reduction_dimx``).
 """
 
 from collections.abc import Sequence
+from typing import final
 
 __version__: str
+__all__ = [
+    "BlockGraph",
+    "DTypeError",
+    "EvaluationError",
+    "GraphError",
+    "KernelGraph",
+    "MappingError",
+    "SerializationError",
+    "ShapeError",
+    "YirageError",
+    "__version__",
+    "equivalent",
+    "field_info",
+]
 
 class YirageError(Exception):
     """Base class of every error yirage raises."""
@@ -39,14 +54,15 @@ class SerializationError(YirageError):
 class EvaluationError(YirageError):
     """Inputs given to evaluate/fingerprint do not match the graph."""
 
+@final
 class BlockGraph:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         grid_dim: tuple[int, int, int],
         block_dim: tuple[int, int, int],
         forloop_range: int,
         reduction_dimx: int,
-    ) -> None: ...
+    ) -> BlockGraph: ...
     @property
     def grid_dim(self) -> tuple[int, int, int]: ...
     @property
@@ -68,7 +84,7 @@ class BlockGraph:
         grid_dim[a] > 1 (-1 = replicated), and dim ``forloop_dim`` by ``forloop_range``
         (-1 = loaded once)."""
     def matmul(self, a: int, b: int) -> int: ...
-    def unary(self, op: str, x: int, params: Sequence[float] = ()) -> int: ...
+    def unary(self, op: str, x: int, params: Sequence[float] = ...) -> int: ...
     def binary(self, op: str, a: int, b: int) -> int: ...
     def reduction(self, x: int, dim: int) -> int: ...
     def reduction_to_dimx(self, x: int, dim: int) -> int: ...
@@ -84,11 +100,12 @@ class BlockGraph:
     def output_dims(self) -> list[list[int]]:
         """Kernel-level dims of each output (tile dims times grid along the omap)."""
 
+@final
 class KernelGraph:
-    def __init__(self) -> None: ...
+    def __new__(cls) -> KernelGraph: ...
     def new_input(self, dims: Sequence[int], dtype: str) -> int: ...
     def matmul(self, a: int, b: int) -> int: ...
-    def unary(self, op: str, x: int, params: Sequence[float] = ()) -> int: ...
+    def unary(self, op: str, x: int, params: Sequence[float] = ...) -> int: ...
     def binary(self, op: str, a: int, b: int) -> int: ...
     def reduction(self, x: int, dim: int) -> int: ...
     def rms_norm(
