@@ -7,6 +7,7 @@
 //!   [`reference`] evaluator and the finite-field [`fingerprint`]s ([`field`]).
 
 pub mod block_graph;
+pub mod cost;
 pub mod dense;
 pub mod domain;
 pub mod dtype;
@@ -18,7 +19,9 @@ pub mod json;
 pub mod kernel_graph;
 pub mod ops;
 pub mod phase;
+pub mod plan;
 pub mod reference;
+pub mod search;
 pub mod shape;
 #[cfg(test)]
 mod tests;

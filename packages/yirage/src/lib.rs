@@ -3,6 +3,8 @@
 //! converts arguments, maps `CoreError` kinds to Python exception classes, releases the GIL
 //! around long computations, and turns any Rust panic into a `YirageError`.
 
+mod search;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::exceptions::PyException;
@@ -527,5 +529,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKernelGraph>()?;
     m.add_function(wrap_pyfunction!(equivalent, m)?)?;
     m.add_function(wrap_pyfunction!(field_info, m)?)?;
+    search::register(m)?;
     Ok(())
 }

@@ -13,7 +13,7 @@ iterations + eps), keepdim), "sum_todimx" (sum over iterations, last dim summed 
 contiguous groups down to ``reduction_dimx``).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import final
 
 __version__: str
@@ -24,12 +24,19 @@ __all__ = [
     "GraphError",
     "KernelGraph",
     "MappingError",
+    "SearchCandidate",
+    "SearchResult",
     "SerializationError",
     "ShapeError",
     "YirageError",
     "__version__",
+    "device_spec_json",
     "equivalent",
     "field_info",
+    "kernel_plan",
+    "predicted_us",
+    "search",
+    "search_config_json",
 ]
 
 class YirageError(Exception):
@@ -142,3 +149,55 @@ def equivalent(a: KernelGraph, b: KernelGraph, trials: int = 2, seed: int = 0) -
 
 def field_info() -> dict[str, int]:
     """The fingerprint field's parameters: {"p": ..., "q": ..., "g": ...}."""
+
+@final
+class SearchCandidate:
+    """One candidate µGraph of a search (returned by ``search``)."""
+    @property
+    def graph(self) -> KernelGraph:
+        """The candidate graph (a new KernelGraph)."""
+    @property
+    def predicted_us(self) -> float:
+        """Predicted time on the device (µs, cost model)."""
+    @property
+    def hash(self) -> str: ...
+    @property
+    def label(self) -> str:
+        """Human-readable structure, e.g. ``custom[grid=4x1x1 loop=32: matmul,accum_iter]``."""
+    @property
+    def baseline(self) -> bool:
+        """True for the original graph as library kernels."""
+    def kernel_plan_json(self) -> str:
+        """The KernelPlan (JSON, docs/kernel-plan.md) validated against the search's device."""
+
+@final
+class SearchResult:
+    """Candidates (verified, best predicted first; the baseline among them) and the report."""
+    @property
+    def candidates(self) -> list[SearchCandidate]: ...
+    @property
+    def report_json(self) -> str: ...
+    @property
+    def report_text(self) -> str: ...
+
+def search(
+    graph: KernelGraph,
+    device_spec: str,
+    options: str = "{}",
+    progress: Callable[[dict[str, int | float]], object] | None = None,
+) -> SearchResult:
+    """Search µGraphs equivalent to ``graph`` on the device ``device_spec`` (JSON) with
+    ``options`` (JSON object of search-config fields). Runs with the GIL released; Ctrl-C
+    (or an exception from ``progress``, called every 50 ms with counters) cancels."""
+
+def kernel_plan(graph: KernelGraph, device_spec: str) -> str:
+    """Lower ``graph`` to a KernelPlan (JSON) validated against ``device_spec`` (JSON)."""
+
+def device_spec_json(device_spec: str) -> str:
+    """Validate a DeviceSpec (JSON) and return its canonical JSON."""
+
+def search_config_json(options: str = "{}") -> str:
+    """Validate search options (JSON object) and return the complete canonical config."""
+
+def predicted_us(graph: KernelGraph, device_spec: str) -> float:
+    """Predicted time (µs) of ``graph`` on ``device_spec`` by the search's cost model."""

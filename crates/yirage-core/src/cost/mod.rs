@@ -1,0 +1,397 @@
+//! Analytic cost model: predicted time of a sequence of kernels on a [`DeviceSpec`].
+//!
+//! The search ranks candidates with it before verifying them (fingerprints are costly at
+//! full size, so the cheapest-looking candidates are verified first) and the results are
+//! returned best predicted first; the device profiles the top-k afterwards, so the model
+//! only has to order candidates sensibly, not predict microseconds exactly.
+//!
+//! Per kernel it charges:
+//! * **memory**: bytes moved to/from device memory. A generated kernel reads every input
+//!   tile once per block (and once per loop iteration when the tile walks the for-loop),
+//!   so tiles replicated across blocks are re-read; re-reads of a tensor that fits in half
+//!   of the L2 cache are charged at L2 bandwidth ([`L2_SPEEDUP`] × DRAM), others at DRAM.
+//! * **compute**: matmul flops at the matrix-unit peak (fp16 peak when the dtype is 16-bit
+//!   and the device has a matrix tile, else the fp32 peak) divided by the *tile efficiency*
+//!   (the fraction of each matrix-unit tile the block tile fills); other flops at a quarter
+//!   of the fp32 peak (transcendentals, reductions, no FMA pairing).
+//! * **wave quantization**: `blocks` over `compute_units` run in `ceil(blocks/CU)` waves;
+//!   compute scales with the used fraction of the last wave. Memory saturates with fewer
+//!   units ([`MEM_UNITS_FACTOR`]× their share) because one unit can draw more than its
+//!   share of bandwidth.
+//! * **launch overhead** per kernel (the vendor's typical launch/sync gap).
+//!
+//! * **pipelining**: loads and compute of a block overlap only across for-loop iterations
+//!   (double buffering), so `min(memory, compute) / F` stays exposed; a library kernel is
+//!   assumed pipelined like an [`LIBRARY_STAGES`]-step loop.
+//!
+//! A kernel's time is `max(memory, compute) + min(memory, compute) / F` plus the launch
+//! overhead.
+
+use crate::error::{CoreError, Result};
+use serde::{Deserialize, Serialize};
+
+/// Re-reads served from L2 run this many times faster than DRAM reads.
+pub const L2_SPEEDUP: f64 = 3.0;
+/// One compute unit can draw this many times its fair share of DRAM bandwidth.
+pub const MEM_UNITS_FACTOR: f64 = 4.0;
+/// Loop steps a library kernel is assumed to pipeline over.
+pub const LIBRARY_STAGES: f64 = 8.0;
+/// Non-matmul flops run at this fraction of the fp32 peak.
+pub const OTHER_FLOPS_FRACTION: f64 = 0.25;
+
+/// What the search and the cost model know about the target device.
+///
+/// Sent from Python as JSON (a backend's `device_spec()`); every field but
+/// `launch_overhead_us` is required so a backend cannot silently leave a limit out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    /// SMs / CUs / cores: the number of blocks that run at once (one per unit).
+    pub compute_units: u32,
+    /// Threads per warp / wavefront / SIMD group (1 on CPUs).
+    pub warp_size: u32,
+    /// Largest block (threads).
+    pub max_threads_per_block: u32,
+    /// Shared memory (threadgroup memory, VMEM, L1/L2 slice on CPUs) one block may use.
+    pub shared_mem_per_block: u64,
+    /// Last-level cache shared by all units.
+    pub l2_bytes: u64,
+    /// Device-memory bandwidth (GB/s, 1e9 bytes/s).
+    pub mem_bandwidth_gbps: f64,
+    /// Dense fp16/bf16 matrix peak (TFLOP/s).
+    pub peak_tflops_fp16: f64,
+    /// fp32 peak (TFLOP/s).
+    pub peak_tflops_fp32: f64,
+    /// Matrix-unit tile `[m, n, k]`, or null when the device has none (CPU).
+    pub matrix_tile: Option<[u32; 3]>,
+    /// `cpu`, `cuda`, `rocm`, `mps`, `ascend`, `tpu`, … (selects defaults such as the
+    /// launch overhead and whether blocks are single-threaded).
+    pub vendor: String,
+    /// Per-kernel launch/sync overhead in µs; default by vendor (see [`DeviceSpec::launch_us`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_overhead_us: Option<f64>,
+}
+
+impl DeviceSpec {
+    /// Parse and validate a JSON document.
+    pub fn from_json(s: &str) -> Result<DeviceSpec> {
+        let spec: DeviceSpec = serde_json::from_str(s).map_err(|e| {
+            CoreError::Serialization(format!(
+                "device spec: {e}; expected an object with compute_units, warp_size, \
+                 max_threads_per_block, shared_mem_per_block, l2_bytes, mem_bandwidth_gbps, \
+                 peak_tflops_fp16, peak_tflops_fp32, matrix_tile ([m,n,k] or null), vendor"
+            ))
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Canonical JSON (field order fixed), used in cache keys.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Check every limit is positive and finite.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(CoreError::Serialization(format!("device spec: {what}")));
+        if self.compute_units == 0 {
+            return bad("compute_units must be ≥ 1");
+        }
+        if self.warp_size == 0 {
+            return bad("warp_size must be ≥ 1");
+        }
+        if self.max_threads_per_block == 0 {
+            return bad("max_threads_per_block must be ≥ 1");
+        }
+        if self.shared_mem_per_block == 0 {
+            return bad("shared_mem_per_block must be ≥ 1 byte");
+        }
+        for (n, v) in [
+            ("mem_bandwidth_gbps", self.mem_bandwidth_gbps),
+            ("peak_tflops_fp16", self.peak_tflops_fp16),
+            ("peak_tflops_fp32", self.peak_tflops_fp32),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(&format!("{n} must be a finite number > 0, got {v}"));
+            }
+        }
+        if let Some(t) = self.matrix_tile {
+            if t.contains(&0) {
+                return bad("matrix_tile entries must be ≥ 1");
+            }
+        }
+        if let Some(l) = self.launch_overhead_us {
+            if !(l.is_finite() && l >= 0.0) {
+                return bad("launch_overhead_us must be a finite number ≥ 0");
+            }
+        }
+        if self.vendor.is_empty() {
+            return bad("vendor must be a non-empty string");
+        }
+        Ok(())
+    }
+
+    /// True for CPU-like devices whose "blocks" are single-threaded tasks.
+    pub fn is_cpu(&self) -> bool {
+        self.vendor == "cpu" || self.warp_size == 1
+    }
+
+    /// Launch/sync overhead per kernel (µs): the explicit value, else a vendor default
+    /// (GPU launch gaps ~2 µs; an OpenMP parallel region ~1 µs; Metal/TPU dispatch higher).
+    pub fn launch_us(&self) -> f64 {
+        if let Some(l) = self.launch_overhead_us {
+            return l;
+        }
+        match self.vendor.as_str() {
+            "cpu" => 1.0,
+            "mps" => 5.0,
+            "tpu" | "ascend" => 3.0,
+            _ => 2.0,
+        }
+    }
+
+    /// Warp counts the search may give a block (threads = warps × warp_size).
+    pub fn warp_choices(&self) -> Vec<u32> {
+        if self.is_cpu() {
+            return vec![1];
+        }
+        let v: Vec<u32> = [4u32, 8]
+            .into_iter()
+            .filter(|w| w * self.warp_size <= self.max_threads_per_block)
+            .collect();
+        if v.is_empty() {
+            vec![(self.max_threads_per_block / self.warp_size).max(1)]
+        } else {
+            v
+        }
+    }
+
+    /// Threads per block for `warps` warps.
+    pub fn block_threads(&self, warps: u32) -> u32 {
+        if self.is_cpu() {
+            1
+        } else {
+            (warps * self.warp_size).min(self.max_threads_per_block)
+        }
+    }
+
+    /// A typical NVIDIA H100 SXM (used by tests and as an example).
+    pub fn h100() -> DeviceSpec {
+        DeviceSpec {
+            compute_units: 132,
+            warp_size: 32,
+            max_threads_per_block: 1024,
+            shared_mem_per_block: 227 * 1024,
+            l2_bytes: 50 * 1024 * 1024,
+            mem_bandwidth_gbps: 3000.0,
+            peak_tflops_fp16: 700.0,
+            peak_tflops_fp32: 60.0,
+            matrix_tile: Some([16, 8, 16]),
+            vendor: "cuda".into(),
+            launch_overhead_us: None,
+        }
+    }
+
+    /// A small 2-core CPU (used by tests; the CPU backend reports the real machine).
+    pub fn cpu2() -> DeviceSpec {
+        DeviceSpec {
+            compute_units: 2,
+            warp_size: 1,
+            max_threads_per_block: 1,
+            shared_mem_per_block: 1024 * 1024,
+            l2_bytes: 32 * 1024 * 1024,
+            mem_bandwidth_gbps: 20.0,
+            peak_tflops_fp16: 0.1,
+            peak_tflops_fp32: 0.1,
+            matrix_tile: None,
+            vendor: "cpu".into(),
+            launch_overhead_us: None,
+        }
+    }
+}
+
+/// One tensor read by a kernel: its size and how many bytes the kernel requests in all.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ReadProfile {
+    /// Bytes of the tensor (each byte read at least once from DRAM).
+    pub unique_bytes: f64,
+    /// Bytes requested by all blocks together (≥ unique: replicated tiles are re-read).
+    pub total_bytes: f64,
+}
+
+/// One block-level matmul: tile dims and total flops over the whole kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MatmulProfile {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub flops: f64,
+}
+
+/// Everything the model needs about one kernel (filled by the search and the lowering).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KernelProfile {
+    /// Library call (the vendor library picks its own grid: full utilization assumed).
+    pub library: bool,
+    /// Thread blocks (generated kernels).
+    pub blocks: u64,
+    pub reads: Vec<ReadProfile>,
+    pub write_bytes: f64,
+    pub matmuls: Vec<MatmulProfile>,
+    pub other_flops: f64,
+    /// 16-bit operands (matrix units at the fp16 peak).
+    pub low_precision: bool,
+    /// For-loop steps of a generated kernel (0 or 1: no loop).
+    pub forloop: u32,
+}
+
+/// Predicted time of one kernel, with its parts (µs).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct KernelCost {
+    pub total_us: f64,
+    pub memory_us: f64,
+    pub compute_us: f64,
+    pub launch_us: f64,
+    /// Used fraction of the machine (wave quantization), 1 for library kernels.
+    pub utilization: f64,
+}
+
+/// Fraction of a matrix-unit tile that a block tile of `(m, n, k)` fills.
+pub fn tile_efficiency(spec: &DeviceSpec, m: u64, n: u64, k: u64) -> f64 {
+    let Some([tm, tn, tk]) = spec.matrix_tile else {
+        return 1.0;
+    };
+    let eff = |x: u64, t: u32| {
+        let t = t as u64;
+        x as f64 / (x.div_ceil(t) * t) as f64
+    };
+    eff(m, tm) * eff(n, tn) * eff(k, tk)
+}
+
+/// Predicted cost of one kernel.
+pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
+    let bw = spec.mem_bandwidth_gbps * 1e3; // bytes per µs
+    let mut mem = p.write_bytes / bw;
+    for r in &p.reads {
+        let unique = r.unique_bytes.min(r.total_bytes);
+        let reread = (r.total_bytes - unique).max(0.0);
+        let reread_bw = if r.unique_bytes <= spec.l2_bytes as f64 / 2.0 {
+            bw * L2_SPEEDUP
+        } else {
+            bw
+        };
+        mem += unique / bw + reread / reread_bw;
+    }
+    let mma_peak = if p.low_precision && spec.matrix_tile.is_some() {
+        spec.peak_tflops_fp16
+    } else {
+        spec.peak_tflops_fp32
+    } * 1e6; // flops per µs
+    let mut compute = 0.0;
+    for m in &p.matmuls {
+        let eff = tile_efficiency(spec, m.m, m.n, m.k).max(1e-3);
+        compute += m.flops / (mma_peak * eff);
+    }
+    compute += p.other_flops / (spec.peak_tflops_fp32 * 1e6 * OTHER_FLOPS_FRACTION);
+    let cu = spec.compute_units as f64;
+    let util = if p.library || p.blocks == 0 {
+        1.0
+    } else {
+        let b = p.blocks as f64;
+        b / ((b / cu).ceil() * cu)
+    };
+    let mem_util = (util * MEM_UNITS_FACTOR).min(1.0);
+    let memory_us = mem / mem_util;
+    let compute_us = compute / util;
+    let launch_us = spec.launch_us();
+    let stages = if p.library {
+        LIBRARY_STAGES
+    } else {
+        p.forloop.max(1) as f64
+    };
+    let exposed = memory_us.min(compute_us) / stages;
+    KernelCost {
+        total_us: memory_us.max(compute_us) + exposed + launch_us,
+        memory_us,
+        compute_us,
+        launch_us,
+        utilization: util,
+    }
+}
+
+/// Predicted time (µs) of kernels run one after the other.
+pub fn total_cost(spec: &DeviceSpec, kernels: &[KernelProfile]) -> f64 {
+    kernels.iter().map(|k| kernel_cost(spec, k).total_us).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_json_round_trip_and_validation() {
+        let s = DeviceSpec::h100();
+        let back = DeviceSpec::from_json(&s.to_json()).unwrap();
+        assert_eq!(back, s);
+        let mut bad = s.clone();
+        bad.compute_units = 0;
+        assert!(DeviceSpec::from_json(&bad.to_json()).is_err());
+        assert!(DeviceSpec::from_json("{}").is_err());
+        let cpu = r#"{"compute_units":2,"warp_size":1,"max_threads_per_block":1,
+            "shared_mem_per_block":1048576,"l2_bytes":1048576,"mem_bandwidth_gbps":20,
+            "peak_tflops_fp16":0.1,"peak_tflops_fp32":0.1,"matrix_tile":null,"vendor":"cpu"}"#;
+        let c = DeviceSpec::from_json(cpu).unwrap();
+        assert!(c.is_cpu());
+        assert_eq!(c.warp_choices(), vec![1]);
+        assert_eq!(DeviceSpec::h100().warp_choices(), vec![4, 8]);
+    }
+
+    #[test]
+    fn model_orders_sensibly() {
+        let spec = DeviceSpec::h100();
+        assert_eq!(tile_efficiency(&spec, 16, 16, 16), 1.0);
+        assert_eq!(tile_efficiency(&spec, 8, 16, 16), 0.5);
+        let read = |u: f64, t: f64| ReadProfile {
+            unique_bytes: u,
+            total_bytes: t,
+        };
+        // Same bytes, 132 blocks vs 33 blocks: fewer blocks cannot be faster.
+        let mk = |blocks| KernelProfile {
+            blocks,
+            reads: vec![read(1e8, 1e8)],
+            write_bytes: 1e6,
+            matmuls: vec![MatmulProfile {
+                m: 64,
+                n: 64,
+                k: 64,
+                flops: 1e11,
+            }],
+            ..Default::default()
+        };
+        let full = kernel_cost(&spec, &mk(132));
+        let quarter = kernel_cost(&spec, &mk(33));
+        assert!(full.total_us < quarter.total_us);
+        // Two launches cost more than one with the same work.
+        let one = total_cost(&spec, &[mk(132)]);
+        let two = total_cost(&spec, &[mk(132), KernelProfile::default()]);
+        assert!(two > one);
+        // Re-reads of a small tensor are cheaper than of a huge one.
+        let small = kernel_cost(
+            &spec,
+            &KernelProfile {
+                blocks: 132,
+                reads: vec![read(1e6, 1e8)],
+                ..Default::default()
+            },
+        );
+        let big = kernel_cost(
+            &spec,
+            &KernelProfile {
+                blocks: 132,
+                reads: vec![read(1e8, 1e8)],
+                ..Default::default()
+            },
+        );
+        assert!(small.memory_us < big.memory_us);
+    }
+}

@@ -1,0 +1,1002 @@
+//! Phase (b) of the block level: concretising an abstract program with dimension classes.
+//!
+//! Union-find over the (tile, dim) slots of the program: ops link the dims they keep
+//! (matmul: batch dims, A[-2]→C[-2], B[-1]→C[-1], and A[-1]~B[-2] which it *contracts*;
+//! elementwise ops link equal non-broadcast dims; reductions and sum/rms accumulators
+//! contract their dim). Every class — one logical loop index of the kernel — is then
+//! assigned **whole**, **grid** (split over a grid axis into `p` parts), **loop** (walked by
+//! the for-loop in `F` steps) or **grid+loop**. From the assignment follow every input's
+//! imap/fmap and every output's omap, so a mapping is never guessed per tensor.
+//!
+//! A *partiality* check keeps only semantically plausible assignments before anything is
+//! built: splitting a contracted class yields partial sums, which may only flow through
+//! linear ops into an accumulator (loop splits) or out of the kernel on a free output dim
+//! (grid splits: split-K / split-KV, the tensor is then marked as holding `s` partial
+//! chunks and can only be consumed by a customized op that walks the chunks with an
+//! iteration accumulator). Fingerprints remain the judge; this check only avoids building
+//! and verifying candidates that are wrong by construction.
+//!
+//! Survivors are built through the IR's validating builder ([`BlockGraph`]), checked
+//! against the device's shared memory, costed, grouped by the dims of their outputs (the
+//! only thing later kernel ops depend on) and kept best-first.
+
+use super::block::{BOp, BlockProgram, KIn};
+use super::Run;
+use crate::block_graph::BlockGraph;
+use crate::cost::kernel_cost;
+use crate::dtype::DType;
+use crate::ops::{AccumKind, BinaryOp, UnaryOp};
+use crate::plan::{
+    block_profile, profile_of, smem_bytes, smem_of, TileDesc, TileKind, INTERMEDIATE_BYTES,
+};
+use crate::shape::Dims;
+use std::sync::Arc;
+
+/// Smallest tile of a dim that is an operand of a matmul (matrix-unit granularity).
+pub const MIN_MATRIX_TILE: usize = 16;
+/// Loop tiles (per iteration) of a walked dim lie in this range.
+pub const LOOP_TILE: (usize, usize) = (16, 512);
+/// Concretisations kept per output-dims group.
+pub const KEEP_PER_GROUP: usize = 8;
+
+/// A concretised customized op.
+#[derive(Debug, Clone)]
+pub struct Concrete {
+    pub graph: BlockGraph,
+    /// Predicted time of this kernel (outputs costed as fp32 intermediates).
+    pub cost_us: f64,
+}
+
+/// Stored dims and partial chunks `(dim, count)` of each output of a customized op.
+pub type OutSig = Vec<(Dims, Option<(usize, usize)>)>;
+
+/// Concretisations of one program whose outputs have the same stored dims / chunks.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub outs: OutSig,
+    pub concretes: Vec<Arc<Concrete>>,
+}
+
+struct Uf(Vec<usize>);
+
+impl Uf {
+    fn find(&mut self, x: usize) -> usize {
+        let mut r = x;
+        while self.0[r] != r {
+            r = self.0[r];
+        }
+        let mut y = x;
+        while self.0[y] != r {
+            let n = self.0[y];
+            self.0[y] = r;
+            y = n;
+        }
+        r
+    }
+    fn union(&mut self, a: Option<usize>, b: Option<usize>) {
+        if let (Some(a), Some(b)) = (a, b) {
+            let (ra, rb) = (self.find(a), self.find(b));
+            if ra != rb {
+                self.0[ra.max(rb)] = ra.min(rb);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct ClassInfo {
+    extent: usize,
+    contracted: bool,
+    matrix: bool,
+    chunk: Option<usize>,
+    needs_whole: bool,
+    no_grid: bool,
+}
+
+/// Assignment of one class.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Assign {
+    parts: usize,
+    loopy: bool,
+}
+
+struct Analysis {
+    /// Class of each (tile, dim), `None` for unit dims.
+    cls: Vec<Vec<Option<usize>>>,
+    classes: Vec<ClassInfo>,
+    /// Class contracted by each op (matmul, reduction, sum/rms accumulator).
+    contracted_by: Vec<Option<usize>>,
+}
+
+fn analyse(prog: &BlockProgram, ins: &[KIn]) -> Option<Analysis> {
+    let tiles = &prog.tiles;
+    let mut slot: Vec<Vec<Option<usize>>> = vec![];
+    let mut n = 0;
+    for (t, tile) in tiles.iter().enumerate() {
+        let chunk_dim = if t < prog.n_inputs {
+            ins[t].chunks.map(|c| c.0)
+        } else {
+            None
+        };
+        slot.push(
+            tile.dims
+                .iter()
+                .enumerate()
+                .map(|(j, &d)| {
+                    if d > 1 || chunk_dim == Some(j) {
+                        n += 1;
+                        Some(n - 1)
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
+        );
+    }
+    let mut uf = Uf((0..n).collect());
+    let mut contracted_slot: Vec<Option<usize>> = vec![None; tiles.len()];
+    let mut matrix_slots = vec![];
+    let mut whole_slots = vec![];
+    let mut nogrid_slots = vec![];
+    for (i, op) in prog.ops.iter().enumerate() {
+        let s = |t: usize, j: usize| slot[t].get(j).copied().flatten();
+        let rank = tiles[i].dims.len();
+        match *op {
+            BOp::Input(_) => {}
+            BOp::Matmul(a, b) => {
+                for j in 0..rank - 2 {
+                    uf.union(s(a, j), s(i, j));
+                    uf.union(s(b, j), s(i, j));
+                }
+                uf.union(s(a, rank - 1), s(b, rank - 2));
+                uf.union(s(i, rank - 2), s(a, rank - 2));
+                uf.union(s(i, rank - 1), s(b, rank - 1));
+                contracted_slot[i] = s(a, rank - 1);
+                for j in [rank - 2, rank - 1] {
+                    matrix_slots.extend([s(a, j), s(b, j)]);
+                }
+            }
+            BOp::Unary(_, x) => {
+                for j in 0..rank {
+                    uf.union(s(i, j), s(x, j));
+                }
+            }
+            BOp::Binary(_, a, b) => {
+                for j in 0..rank {
+                    if tiles[a].dims[j] == tiles[i].dims[j] {
+                        uf.union(s(a, j), s(i, j));
+                    }
+                    if tiles[b].dims[j] == tiles[i].dims[j] {
+                        uf.union(s(b, j), s(i, j));
+                    }
+                }
+            }
+            BOp::Reduction(x, d) => {
+                for j in (0..rank).filter(|&j| j != d) {
+                    uf.union(s(i, j), s(x, j));
+                }
+                contracted_slot[i] = s(x, d);
+            }
+            BOp::RmsNorm(x) => {
+                for j in 0..rank {
+                    uf.union(s(i, j), s(x, j));
+                }
+                whole_slots.push(s(x, rank - 1));
+            }
+            BOp::Accum(x, kind) => {
+                let keep = if kind == AccumKind::Iter {
+                    rank
+                } else {
+                    rank - 1
+                };
+                for j in 0..keep {
+                    uf.union(s(i, j), s(x, j));
+                }
+                if kind != AccumKind::Iter {
+                    contracted_slot[i] = s(x, rank - 1);
+                }
+                if let AccumKind::Rms { .. } = kind {
+                    nogrid_slots.push(s(x, rank - 1));
+                }
+            }
+        }
+    }
+    // Compress roots to class ids.
+    let mut class_of_root = vec![usize::MAX; n];
+    let mut classes: Vec<ClassInfo> = vec![];
+    let mut cls = vec![];
+    for (t, row) in slot.iter().enumerate() {
+        let mut crow = vec![];
+        for (j, sl) in row.iter().enumerate() {
+            crow.push(match sl {
+                None => None,
+                Some(sl) => {
+                    let r = uf.find(*sl);
+                    if class_of_root[r] == usize::MAX {
+                        class_of_root[r] = classes.len();
+                        classes.push(ClassInfo {
+                            extent: tiles[t].dims[j],
+                            ..Default::default()
+                        });
+                    }
+                    let c = class_of_root[r];
+                    if classes[c].extent != tiles[t].dims[j] {
+                        return None;
+                    }
+                    Some(c)
+                }
+            });
+        }
+        cls.push(crow);
+    }
+    if classes.len() > 64 {
+        return None;
+    }
+    let mut class_of_slot = |sl: Option<usize>| sl.map(|s| class_of_root[uf.find(s)]);
+    let contracted_by: Vec<Option<usize>> =
+        contracted_slot.iter().map(|&s| class_of_slot(s)).collect();
+    for c in contracted_by.iter().flatten() {
+        classes[*c].contracted = true;
+    }
+    for s in matrix_slots {
+        if let Some(c) = class_of_slot(s) {
+            classes[c].matrix = true;
+        }
+    }
+    for s in whole_slots {
+        if let Some(c) = class_of_slot(s) {
+            classes[c].needs_whole = true;
+        }
+    }
+    for s in nogrid_slots {
+        if let Some(c) = class_of_slot(s) {
+            classes[c].no_grid = true;
+        }
+    }
+    for (k, kin) in ins.iter().enumerate() {
+        if let Some((d, s)) = kin.chunks {
+            let c = cls[k][d]?;
+            match classes[c].chunk {
+                Some(old) if old != s => return None,
+                _ => classes[c].chunk = Some(s),
+            }
+        }
+    }
+    Some(Analysis {
+        cls,
+        classes,
+        contracted_by,
+    })
+}
+
+fn pow2_divisors(extent: usize, max: usize) -> impl Iterator<Item = usize> {
+    (1..usize::BITS)
+        .map(|i| 1usize << i)
+        .take_while(move |&p| p <= extent && p <= max)
+        .filter(move |&p| extent % p == 0)
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Ty {
+    vg: u64,
+    vl: bool,
+    pg: u64,
+    pl: bool,
+}
+
+impl Ty {
+    fn partial(&self) -> bool {
+        self.pl || self.pg != 0
+    }
+}
+
+/// Mapping derived from an assignment.
+struct Mapping {
+    grid: [usize; 3],
+    f: usize,
+    imaps: Vec<[i64; 3]>,
+    fmaps: Vec<i64>,
+    omaps: Vec<[i64; 3]>,
+    /// Per output: the dim carrying partial chunks and the class whose grid parts
+    /// multiply it (so `outs` can be recomputed for other sizes of the same pattern).
+    chunk_of: Vec<Option<(usize, usize)>>,
+    /// Grid classes in axis order.
+    axes: Vec<usize>,
+}
+
+fn bit(c: usize) -> u64 {
+    1u64 << c
+}
+
+/// Check an assignment and derive the mapping (see the module doc for the rules).
+fn derive(
+    prog: &BlockProgram,
+    ins: &[KIn],
+    an: &Analysis,
+    asg: &[Assign],
+    f: usize,
+) -> Option<Mapping> {
+    let split = |c: usize| asg[c].parts > 1;
+    let loopy = |c: usize| asg[c].loopy;
+    // Grid axes in class order.
+    let mut axes: Vec<usize> = vec![];
+    for (c, a) in asg.iter().enumerate() {
+        if a.parts > 1 {
+            axes.push(c);
+        }
+    }
+    if axes.len() > 3 {
+        return None;
+    }
+    let mut grid = [1usize; 3];
+    for (a, &c) in axes.iter().enumerate() {
+        grid[a] = asg[c].parts;
+    }
+    let present = |t: usize| -> u64 { an.cls[t].iter().flatten().fold(0, |m, &c| m | bit(c)) };
+    let loop_mask: u64 = (0..asg.len())
+        .filter(|&c| loopy(c))
+        .fold(0, |m, c| m | bit(c));
+    let grid_mask: u64 = axes.iter().fold(0, |m, &c| m | bit(c));
+    let chunk_mask: u64 = (0..an.classes.len())
+        .filter(|&c| an.classes[c].chunk.is_some())
+        .fold(0, |m, c| m | bit(c));
+    let mut ty: Vec<Ty> = vec![Ty::default(); prog.tiles.len()];
+    let mut imaps = vec![];
+    let mut fmaps = vec![];
+    for (k, kin) in ins.iter().enumerate() {
+        let mut imap = [-1i64; 3];
+        let mut fmap = -1i64;
+        let mut seen = 0u64;
+        for (j, c) in an.cls[k].iter().enumerate() {
+            let Some(c) = *c else { continue };
+            if seen & bit(c) != 0 && (split(c) || loopy(c)) {
+                return None;
+            }
+            seen |= bit(c);
+            if let Some(a) = axes.iter().position(|&x| x == c) {
+                imap[a] = j as i64;
+            }
+            if loopy(c) {
+                if fmap >= 0 {
+                    return None;
+                }
+                fmap = j as i64;
+            }
+        }
+        ty[k] = Ty {
+            vg: seen & grid_mask,
+            vl: seen & loop_mask != 0,
+            pg: 0,
+            pl: kin.chunks.is_some(),
+        };
+        imaps.push(imap);
+        fmaps.push(fmap);
+    }
+    let is_input = |t: usize| t < prog.n_inputs;
+    for (i, op) in prog.ops.iter().enumerate().skip(prog.n_inputs) {
+        // Accumulators read loop-body tiles; every other after-loop op reads after-loop
+        // tiles or inputs, which must then be loaded once.
+        let after = prog.tiles[i].after && !matches!(op, BOp::Accum(..));
+        for a in op.operands() {
+            if after && is_input(a) && ty[a].vl {
+                return None; // read after the loop, so it must be loaded once
+            }
+        }
+        let contracted = an.contracted_by[i];
+        let newp = |ty: &mut Ty| {
+            if let Some(c) = contracted {
+                if loopy(c) {
+                    ty.pl = true;
+                }
+                if split(c) {
+                    ty.pg |= bit(c);
+                }
+            }
+        };
+        // Product-like combination: at most one partial operand, and the other must not
+        // vary along what the partial one still sums over.
+        let product = |x: Ty, y: Ty| -> Option<Ty> {
+            if x.partial() && y.partial() {
+                return None;
+            }
+            let (p, o) = if x.partial() { (x, y) } else { (y, x) };
+            if (p.pl && o.vl) || (p.pg & o.vg != 0) {
+                return None;
+            }
+            Some(Ty {
+                vg: x.vg | y.vg,
+                vl: x.vl || y.vl,
+                pg: x.pg | y.pg,
+                pl: x.pl || y.pl,
+            })
+        };
+        let t = match *op {
+            BOp::Input(_) => continue,
+            BOp::Matmul(a, b) => {
+                let mut t = product(ty[a], ty[b])?;
+                newp(&mut t);
+                t
+            }
+            BOp::Unary(u, x) => {
+                let linear = matches!(u, UnaryOp::Neg | UnaryOp::MulScalar(_));
+                if !linear && ty[x].partial() {
+                    return None;
+                }
+                ty[x]
+            }
+            BOp::Binary(bop, a, b) => match bop {
+                BinaryOp::Add | BinaryOp::Sub => {
+                    let (x, y) = (ty[a], ty[b]);
+                    if x.pl != y.pl || x.pg != y.pg {
+                        return None;
+                    }
+                    Ty {
+                        vg: x.vg | y.vg,
+                        vl: x.vl || y.vl,
+                        pg: x.pg,
+                        pl: x.pl,
+                    }
+                }
+                BinaryOp::Mul => product(ty[a], ty[b])?,
+                BinaryOp::Div => {
+                    if ty[b].partial() {
+                        return None;
+                    }
+                    product(ty[a], ty[b])?
+                }
+                BinaryOp::Pow => {
+                    if ty[a].partial() || ty[b].partial() {
+                        return None;
+                    }
+                    product(ty[a], ty[b])?
+                }
+            },
+            BOp::Reduction(x, _) => {
+                let mut t = ty[x];
+                newp(&mut t);
+                t
+            }
+            BOp::RmsNorm(x) => {
+                if ty[x].partial() {
+                    return None;
+                }
+                ty[x]
+            }
+            BOp::Accum(x, kind) => {
+                let tx = ty[x];
+                let loops_present = present(x) & loop_mask;
+                if f > 1 && !tx.vl {
+                    return None; // accumulating a loop invariant F times
+                }
+                let mut t = Ty {
+                    vg: tx.vg,
+                    vl: false,
+                    pg: tx.pg,
+                    pl: false,
+                };
+                match kind {
+                    AccumKind::Iter => {
+                        if f > 1 && (!tx.pl || loops_present & !chunk_mask != 0) {
+                            return None;
+                        }
+                    }
+                    AccumKind::Sum | AccumKind::SumToDimx => {
+                        let c = contracted;
+                        let cm = c.map_or(0, bit);
+                        if loops_present & !cm != 0 {
+                            return None;
+                        }
+                        if f > 1 && !tx.pl && !c.is_some_and(loopy) {
+                            return None;
+                        }
+                        newp(&mut t);
+                        t.pl = false;
+                    }
+                    AccumKind::Rms { .. } => {
+                        let cm = contracted.map_or(0, bit);
+                        if tx.partial() || loops_present & !cm != 0 {
+                            return None;
+                        }
+                    }
+                }
+                t
+            }
+        };
+        ty[i] = t;
+    }
+    // Outputs.
+    let mut omaps = vec![];
+    let mut chunk_of = vec![];
+    for &o in &prog.outputs {
+        let t = ty[o];
+        if t.pl || t.pg.count_ones() > 1 {
+            return None;
+        }
+        let mut omap = [-1i64; 3];
+        let mut used = 0u64;
+        for (a, &c) in axes.iter().enumerate() {
+            if let Some(j) = an.cls[o].iter().position(|&x| x == Some(c)) {
+                omap[a] = j as i64;
+                used |= bit(j);
+            } else if t.pg & bit(c) == 0 {
+                return None; // every block of this axis would write the same tile
+            }
+        }
+        let dims = &prog.tiles[o].dims;
+        let mut co = None;
+        if t.pg != 0 {
+            let c = t.pg.trailing_zeros() as usize;
+            let a = axes.iter().position(|&x| x == c)?;
+            let j = (0..dims.len())
+                .rev()
+                .find(|&j| used & bit(j) == 0 && an.cls[o][j].map_or(true, |x| !split(x)))?;
+            omap[a] = j as i64;
+            co = Some((j, c));
+        }
+        omaps.push(omap);
+        chunk_of.push(co);
+    }
+    Some(Mapping {
+        grid,
+        f,
+        imaps,
+        fmaps,
+        omaps,
+        chunk_of,
+        axes,
+    })
+}
+
+fn build(
+    prog: &BlockProgram,
+    ins: &[KIn],
+    m: &Mapping,
+    threads: u32,
+    eps: f64,
+) -> crate::Result<BlockGraph> {
+    let g = m.grid.map(|x| x as i64);
+    let mut bg = BlockGraph::new(g, [threads as i64, 1, 1], m.f as i64, 1)?;
+    for (k, kin) in ins.iter().enumerate() {
+        let dims: Vec<i64> = kin.dims.iter().map(|&d| d as i64).collect();
+        bg.new_input(&dims, kin.dtype, m.imaps[k], m.fmaps[k])?;
+    }
+    for op in &prog.ops[prog.n_inputs..] {
+        match *op {
+            BOp::Input(_) => {}
+            BOp::Matmul(a, b) => {
+                bg.matmul(a, b)?;
+            }
+            BOp::Unary(u, x) => {
+                bg.unary(u, x)?;
+            }
+            BOp::Binary(b, x, y) => {
+                bg.binary(b, x, y)?;
+            }
+            BOp::Reduction(x, d) => {
+                bg.reduction(x, d as i64)?;
+            }
+            BOp::RmsNorm(x) => {
+                bg.rms_norm(x, eps)?;
+            }
+            BOp::Accum(x, kind) => {
+                bg.forloop_accum(x, kind)?;
+            }
+        }
+    }
+    for (o, omap) in prog.outputs.iter().zip(&m.omaps) {
+        bg.new_output(*o, *omap)?;
+    }
+    Ok(bg)
+}
+
+fn warps_for(run: &Run, bg: &BlockGraph) -> u32 {
+    let choices = run.spec.warp_choices();
+    let biggest = bg
+        .ops()
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o, crate::block_graph::BlockOpKind::Matmul { .. }))
+        .map(|(i, _)| crate::shape::numel(&bg.tiles()[i].dims))
+        .max()
+        .unwrap_or(0);
+    let want = if biggest >= 64 * 64 { 8 } else { 4 };
+    if choices.contains(&want) {
+        want
+    } else {
+        choices[0]
+    }
+}
+
+/// Pattern kinds of a class (sizes chosen later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Whole,
+    Grid,
+    Loop,
+    GridLoop,
+}
+
+fn pattern_kinds(c: &ClassInfo, max_blocks: usize) -> Vec<Kind> {
+    if c.chunk.is_some() {
+        return vec![Kind::Loop];
+    }
+    if c.needs_whole {
+        return vec![Kind::Whole];
+    }
+    let min_tile = if c.matrix { MIN_MATRIX_TILE } else { 1 };
+    let grid_ok =
+        !c.no_grid && pow2_divisors(c.extent, max_blocks).any(|p| c.extent / p >= min_tile);
+    let loop_ok = c.contracted && c.extent >= 2 * LOOP_TILE.0;
+    let mut v = vec![Kind::Whole];
+    if grid_ok {
+        v.push(Kind::Grid);
+    }
+    if loop_ok {
+        v.push(Kind::Loop);
+    }
+    if grid_ok && loop_ok && c.extent >= 4 * LOOP_TILE.0 {
+        v.push(Kind::GridLoop);
+    }
+    v
+}
+
+/// A valid size choice of a pattern with its estimated cost.
+struct Sized {
+    asg: Vec<Assign>,
+    f: usize,
+    est_us: f64,
+}
+
+/// Tile dims of every tile of `prog` under assignment `asg` with `f` iterations.
+fn tile_dims(prog: &BlockProgram, an: &Analysis, asg: &[Assign], f: usize) -> Vec<Dims> {
+    an.cls
+        .iter()
+        .zip(&prog.tiles)
+        .map(|(row, t)| {
+            row.iter()
+                .zip(&t.dims)
+                .map(|(c, &d)| match c {
+                    None => d,
+                    Some(c) => {
+                        let info = &an.classes[*c];
+                        if info.chunk.is_some() {
+                            info.extent
+                        } else {
+                            let a = asg[*c];
+                            info.extent / a.parts / if a.loopy { f } else { 1 }
+                        }
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Analytic estimate (cost, shared memory) of one sizing, through the same
+/// [`profile_of`]/[`smem_of`] as the exact cost of a built graph.
+/// What the size estimates of one program need.
+struct Ctx<'a> {
+    run: &'a Run,
+    prog: &'a BlockProgram,
+    ins: &'a [KIn],
+    an: &'a Analysis,
+    low: bool,
+}
+
+fn estimate(cx: &Ctx<'_>, m: &Mapping, asg: &[Assign], f: usize) -> (f64, u64, OutSig) {
+    let (run, prog, ins, an, low) = (cx.run, cx.prog, cx.ins, cx.an, cx.low);
+    let dims = tile_dims(prog, an, asg, f);
+    let descs: Vec<TileDesc> = prog
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let kind = match op {
+                BOp::Input(k) => TileKind::Input {
+                    kernel_numel: crate::shape::numel(&ins[*k].dims),
+                    elem_bytes: ins[*k].elem_bytes,
+                    walks_loop: f > 1 && m.fmaps[*k] >= 0,
+                },
+                BOp::Matmul(..) => TileKind::Matmul,
+                BOp::Unary(u, _) => TileKind::Elementwise {
+                    weight: if matches!(
+                        u,
+                        UnaryOp::Exp
+                            | UnaryOp::Silu
+                            | UnaryOp::Gelu
+                            | UnaryOp::Sigmoid
+                            | UnaryOp::Tanh
+                    ) {
+                        4.0
+                    } else {
+                        1.0
+                    },
+                },
+                BOp::Binary(..) => TileKind::Elementwise { weight: 1.0 },
+                BOp::Reduction(..) => TileKind::Reduce { accumulator: false },
+                BOp::Accum(..) => TileKind::Reduce { accumulator: true },
+                BOp::RmsNorm(_) => TileKind::RmsNorm,
+            };
+            TileDesc {
+                kind,
+                operands: op.operands(),
+                dims: dims[i].clone(),
+                in_loop: !prog.tiles[i].after || matches!(op, BOp::Accum(..)),
+            }
+        })
+        .collect();
+    let outs: OutSig = prog
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(k, &o)| {
+            let mut d = prog.tiles[o].dims.clone();
+            let mut ch = None;
+            if let Some((j, c)) = m.chunk_of[k] {
+                d[j] *= asg[c].parts;
+                ch = Some((j, asg[c].parts));
+            }
+            (d, ch)
+        })
+        .collect();
+    let writes: Vec<f64> = outs
+        .iter()
+        .map(|(d, _)| (crate::shape::numel(d) * INTERMEDIATE_BYTES) as f64)
+        .collect();
+    let blocks: usize = asg.iter().map(|a| a.parts).product();
+    let prof = profile_of(&descs, blocks as u64, f as u32, &writes, low);
+    (
+        kernel_cost(&run.spec, &prof).total_us,
+        smem_of(&descs, &prog.outputs),
+        outs,
+    )
+}
+
+/// Concretise `prog` over `ins`: groups of built, costed block graphs, best first.
+///
+/// Split patterns (whole / grid / loop / grid+loop per class) are type-checked once each;
+/// sizes (grid parts, for-loop range) are then enumerated only for valid patterns and
+/// ranked with an analytic estimate; the best few per output group are built through the
+/// validating builder and costed exactly.
+pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<Group> {
+    let Some(an) = analyse(prog, ins) else {
+        return vec![];
+    };
+    let max_blocks = (run.spec.compute_units as usize * 4).max(1);
+    let low = ins.first().is_some_and(|k| k.dtype != DType::F32);
+    let in_bytes: Vec<usize> = ins.iter().map(|k| k.elem_bytes).collect();
+    let out_bytes = vec![INTERMEDIATE_BYTES; prog.outputs.len()];
+    let chunk_f: Vec<usize> = an.classes.iter().filter_map(|c| c.chunk).collect();
+    if chunk_f.windows(2).any(|w| w[0] != w[1]) {
+        return vec![];
+    }
+    let kinds: Vec<Vec<Kind>> = an
+        .classes
+        .iter()
+        .map(|c| pattern_kinds(c, max_blocks))
+        .collect();
+    let mut patterns: Vec<Vec<Kind>> = vec![vec![]];
+    for ks in &kinds {
+        let mut next = vec![];
+        for p in &patterns {
+            for &k in ks {
+                let mut q = p.clone();
+                q.push(k);
+                if q.iter()
+                    .filter(|k| matches!(k, Kind::Grid | Kind::GridLoop))
+                    .count()
+                    <= 3
+                {
+                    next.push(q);
+                }
+            }
+        }
+        patterns = next;
+        if patterns.len() > run.cfg.max_concretisations {
+            patterns.truncate(run.cfg.max_concretisations);
+        }
+    }
+    // Best sizings per output group: (group outs, pattern index, sizing).
+    let mut per_group: Vec<(OutSig, Vec<(usize, Sized)>)> = vec![];
+    let cx = Ctx {
+        run,
+        prog,
+        ins,
+        an: &an,
+        low,
+    };
+    let mut mappings: Vec<Mapping> = vec![];
+    let mut budget = run.cfg.max_concretisations;
+    for pat in &patterns {
+        if run.stopped() {
+            break;
+        }
+        run.count_concretisation();
+        let any_loop = pat.iter().any(|k| matches!(k, Kind::Loop | Kind::GridLoop));
+        let rep_f = chunk_f.first().copied().unwrap_or(2);
+        let rep: Vec<Assign> = pat
+            .iter()
+            .map(|k| Assign {
+                parts: if matches!(k, Kind::Grid | Kind::GridLoop) {
+                    2
+                } else {
+                    1
+                },
+                loopy: matches!(k, Kind::Loop | Kind::GridLoop),
+            })
+            .collect();
+        let Some(m) = derive(prog, ins, &an, &rep, if any_loop { rep_f } else { 1 }) else {
+            continue;
+        };
+        let pi = mappings.len();
+        // Sizes: the loop range, then grid parts class by class.
+        let fs: Vec<usize> = if !any_loop {
+            vec![1]
+        } else if let Some(&s) = chunk_f.first() {
+            vec![s]
+        } else {
+            (1..=12).map(|i| 1usize << i).collect()
+        };
+        for f in fs {
+            let mut opts: Vec<Vec<Assign>> = vec![];
+            for (c, k) in pat.iter().enumerate() {
+                let info = &an.classes[c];
+                let min_tile = if info.matrix { MIN_MATRIX_TILE } else { 1 };
+                let loop_ok = |tile: usize| {
+                    info.chunk.is_some() || (LOOP_TILE.0..=LOOP_TILE.1).contains(&tile)
+                };
+                let o: Vec<Assign> = match k {
+                    Kind::Whole => vec![Assign {
+                        parts: 1,
+                        loopy: false,
+                    }],
+                    Kind::Loop => {
+                        if info.chunk.is_some()
+                            || (info.extent % f == 0 && loop_ok(info.extent / f))
+                        {
+                            vec![Assign {
+                                parts: 1,
+                                loopy: true,
+                            }]
+                        } else {
+                            vec![]
+                        }
+                    }
+                    Kind::Grid => pow2_divisors(info.extent, max_blocks)
+                        .filter(|&p| info.extent / p >= min_tile)
+                        .map(|p| Assign {
+                            parts: p,
+                            loopy: false,
+                        })
+                        .collect(),
+                    Kind::GridLoop => pow2_divisors(info.extent, max_blocks)
+                        .filter(|&p| info.extent % (p * f) == 0 && loop_ok(info.extent / (p * f)))
+                        .map(|p| Assign {
+                            parts: p,
+                            loopy: true,
+                        })
+                        .collect(),
+                };
+                opts.push(o);
+            }
+            if opts.iter().any(|o| o.is_empty()) {
+                continue;
+            }
+            let mut asg = vec![
+                Assign {
+                    parts: 1,
+                    loopy: false
+                };
+                an.classes.len()
+            ];
+            let mut leaf = |asg: &[Assign]| {
+                if budget == 0 {
+                    return false;
+                }
+                budget -= 1;
+                let (est, smem, outs) = estimate(&cx, &m, asg, f);
+                if smem > run.spec.shared_mem_per_block {
+                    run.count_smem_reject();
+                    return true;
+                }
+                let sized = Sized {
+                    asg: asg.to_vec(),
+                    f,
+                    est_us: est,
+                };
+                match per_group.iter_mut().find(|g| g.0 == outs) {
+                    Some(g) => {
+                        g.1.push((pi, sized));
+                        if g.1.len() > 4 * KEEP_PER_GROUP {
+                            g.1.sort_by(|a, b| a.1.est_us.total_cmp(&b.1.est_us));
+                            g.1.truncate(KEEP_PER_GROUP);
+                        }
+                    }
+                    None => per_group.push((outs, vec![(pi, sized)])),
+                }
+                true
+            };
+            if !assign_rec(&opts, 0, 1, max_blocks, &mut asg, &mut leaf) {
+                break;
+            }
+        }
+        mappings.push(m);
+    }
+    // Build the best sizings of each group.
+    let mut groups: Vec<Group> = vec![];
+    for (outs, mut cands) in per_group {
+        cands.sort_by(|a, b| a.1.est_us.total_cmp(&b.1.est_us));
+        cands.truncate(KEEP_PER_GROUP);
+        let mut concretes = vec![];
+        for (pi, sz) in cands {
+            let base = &mappings[pi];
+            let mut grid = [1usize; 3];
+            for (a, &c) in base.axes.iter().enumerate() {
+                grid[a] = sz.asg[c].parts;
+            }
+            let m = Mapping {
+                grid,
+                f: sz.f,
+                imaps: base.imaps.clone(),
+                fmaps: base.fmaps.clone(),
+                omaps: base.omaps.clone(),
+                chunk_of: base.chunk_of.clone(),
+                axes: base.axes.clone(),
+            };
+            let threads0 = run.spec.block_threads(run.spec.warp_choices()[0]);
+            let Ok(bg0) = build(prog, ins, &m, threads0, eps) else {
+                continue;
+            };
+            let warps = warps_for(run, &bg0);
+            let bg = if run.spec.block_threads(warps) == threads0 {
+                bg0
+            } else {
+                match build(prog, ins, &m, run.spec.block_threads(warps), eps) {
+                    Ok(b) => b,
+                    Err(_) => continue,
+                }
+            };
+            if smem_bytes(&bg) > run.spec.shared_mem_per_block
+                || bg.output_dims() != outs.iter().map(|o| o.0.clone()).collect::<Vec<_>>()
+            {
+                continue;
+            }
+            let cost =
+                kernel_cost(&run.spec, &block_profile(&bg, &in_bytes, &out_bytes, low)).total_us;
+            concretes.push(Arc::new(Concrete {
+                graph: bg,
+                cost_us: cost,
+            }));
+        }
+        if !concretes.is_empty() {
+            concretes.sort_by(|a, b| a.cost_us.total_cmp(&b.cost_us));
+            groups.push(Group { outs, concretes });
+        }
+    }
+    groups
+}
+
+/// Enumerate assignments class by class; returns false to stop.
+fn assign_rec(
+    opts: &[Vec<Assign>],
+    c: usize,
+    blocks: usize,
+    max_blocks: usize,
+    asg: &mut Vec<Assign>,
+    leaf: &mut dyn FnMut(&[Assign]) -> bool,
+) -> bool {
+    if c == opts.len() {
+        return leaf(asg);
+    }
+    for &o in &opts[c] {
+        let b = blocks * o.parts;
+        if b > max_blocks {
+            continue;
+        }
+        asg[c] = o;
+        if !assign_rec(opts, c + 1, b, max_blocks, asg, leaf) {
+            return false;
+        }
+    }
+    true
+}

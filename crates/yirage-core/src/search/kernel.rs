@@ -1,0 +1,537 @@
+//! Kernel-level enumeration: DFS over kernel graphs built from the target's inputs.
+//!
+//! Moves: a library op (matmul, the target's unary/binary ops, reduction, rms_norm,
+//! softmax) over existing tensors, or a customized op over a subset of them — one move
+//! per (abstract block program, output-dims group) found by the block level. Every new
+//! tensor must be known to the target's e-graph (pruning), new (no tensor with the same
+//! expression and dims exists) and appended in canonical order (same rule as the block
+//! level). Tensors holding partial chunks (split-K/KV outputs) can only feed customized
+//! ops. A state is complete when every target output has a tensor of the same e-class and
+//! dims; it is then recorded (if all its ops are live) and not extended.
+
+use super::block::{enumerate, BlockProgram, KIn};
+use super::concrete::{concretise, Group};
+use super::expr::{AbsVal, LookupBuilder};
+use super::lift::{lift_binary, lift_matmul, lift_rms_norm, lift_unary};
+use super::{Run, Vocab};
+use crate::dtype::DType;
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::shape::{broadcast_dims, keepdim_dims, matmul_dims, Dims};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// A kernel-level tensor of a search state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KTensor {
+    pub dims: Dims,
+    pub value_dims: Dims,
+    pub dtype: DType,
+    pub abs: AbsVal,
+    pub chunks: Option<(usize, usize)>,
+    /// Bytes per element of its buffer (dtype for graph inputs, fp32 for intermediates).
+    pub elem_bytes: usize,
+}
+
+/// A library op over state tensors.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LibOp {
+    Matmul(usize, usize),
+    Unary(UnaryOp, usize),
+    Binary(BinaryOp, usize, usize),
+    Reduction(usize, usize),
+    RmsNorm {
+        x: usize,
+        ns: Dims,
+        w: Option<usize>,
+        eps: f64,
+    },
+    Softmax(usize, usize),
+}
+
+impl LibOp {
+    fn operands(&self) -> Vec<usize> {
+        match self {
+            LibOp::Matmul(a, b) | LibOp::Binary(_, a, b) => vec![*a, *b],
+            LibOp::Unary(_, x) | LibOp::Reduction(x, _) | LibOp::Softmax(x, _) => vec![*x],
+            LibOp::RmsNorm { x, w, .. } => {
+                let mut v = vec![*x];
+                v.extend(w);
+                v
+            }
+        }
+    }
+
+    /// Short name for labels.
+    pub fn name(&self) -> String {
+        match self {
+            LibOp::Matmul(..) => "matmul".into(),
+            LibOp::Unary(op, _) => op.name().into(),
+            LibOp::Binary(op, ..) => op.name().into(),
+            LibOp::Reduction(..) => "reduction".into(),
+            LibOp::RmsNorm { .. } => "rms_norm".into(),
+            LibOp::Softmax(..) => "softmax".into(),
+        }
+    }
+}
+
+/// A kernel-level op of a state.
+#[derive(Debug, Clone)]
+pub enum KOp {
+    Lib(LibOp),
+    Custom {
+        inputs: Vec<usize>,
+        prog: Arc<BlockProgram>,
+        group: Arc<Group>,
+    },
+}
+
+impl KOp {
+    fn operands(&self) -> Vec<usize> {
+        match self {
+            KOp::Lib(l) => l.operands(),
+            KOp::Custom { inputs, .. } => inputs.clone(),
+        }
+    }
+}
+
+/// A complete kernel-level program (customized ops still hold their alternatives).
+#[derive(Debug, Clone)]
+pub struct Skeleton {
+    pub tensors: Vec<KTensor>,
+    pub ops: Vec<(KOp, Vec<usize>)>,
+    pub outputs: Vec<usize>,
+}
+
+/// Output-dims groups kept per abstract program.
+pub const MAX_GROUPS: usize = 4;
+
+type MemoKey = Vec<(AbsVal, Dims, Option<(usize, usize)>, DType, usize)>;
+type Programs = Arc<Vec<(Arc<BlockProgram>, Vec<Arc<Group>>)>>;
+
+/// Shared per-search memo of block-level results, keyed by the inputs' signature.
+#[derive(Default)]
+pub struct Memo {
+    map: Mutex<HashMap<MemoKey, Programs>>,
+}
+
+impl Memo {
+    /// Number of distinct abstract programs found so far.
+    pub fn programs(&self) -> usize {
+        self.map
+            .lock()
+            .map(|m| m.values().map(|v| v.len()).sum())
+            .unwrap_or(0)
+    }
+}
+
+fn programs_for(run: &Run, vocab: &Vocab, memo: &Memo, ins: &[KIn]) -> Programs {
+    let key: MemoKey = ins
+        .iter()
+        .map(|k| (k.abs, k.dims.clone(), k.chunks, k.dtype, k.elem_bytes))
+        .collect();
+    if let Ok(m) = memo.map.lock() {
+        if let Some(v) = m.get(&key) {
+            return v.clone();
+        }
+    }
+    // Computed without holding the lock (a duplicate computation by a racing thread is
+    // harmless; blocking here could deadlock rayon's work stealing).
+    let progs = enumerate(run, vocab, ins);
+    let eps = vocab.rms_eps.unwrap_or(super::DEFAULT_RMS_EPS);
+    let v: Vec<(Arc<BlockProgram>, Vec<Arc<Group>>)> = progs
+        .into_par_iter()
+        .map(|p| {
+            let groups = concretise(run, &p, ins, eps);
+            (
+                Arc::new(p),
+                groups.into_iter().map(Arc::new).collect::<Vec<_>>(),
+            )
+        })
+        .filter(|(_, g)| !g.is_empty())
+        .map(|(p, mut g)| {
+            // Keep the groups with the cheapest kernels (one group per split count of a
+            // partial output: a handful of split counts is enough to choose from).
+            g.sort_by(|a, b| a.concretes[0].cost_us.total_cmp(&b.concretes[0].cost_us));
+            g.truncate(MAX_GROUPS);
+            (p, g)
+        })
+        .collect();
+    let v = Arc::new(v);
+    if let Ok(mut m) = memo.map.lock() {
+        m.entry(key).or_insert_with(|| v.clone());
+    }
+    v
+}
+
+#[derive(Clone)]
+struct KState {
+    tensors: Vec<KTensor>,
+    ops: Vec<(KOp, Vec<usize>)>,
+    keys: Vec<MoveKey>,
+    n_inputs: usize,
+    n_custom: usize,
+}
+
+type MoveKey = (usize, u8, Vec<usize>, u64);
+
+struct Move {
+    op: KOp,
+    outs: Vec<KTensor>,
+    key: MoveKey,
+}
+
+/// Run the kernel-level DFS from the target's inputs.
+pub fn search_kernels(
+    run: &Run,
+    vocab: &Vocab,
+    memo: &Memo,
+    inputs: Vec<KTensor>,
+) -> Vec<Skeleton> {
+    let st = KState {
+        n_inputs: inputs.len(),
+        tensors: inputs,
+        ops: vec![],
+        keys: vec![],
+        n_custom: 0,
+    };
+    if run.count_state() {
+        return vec![];
+    }
+    let first = moves(run, vocab, memo, &st);
+    first
+        .into_par_iter()
+        .map(|mv| {
+            let mut out = vec![];
+            let mut st = st.clone();
+            apply(&mut st, mv);
+            dfs(run, vocab, memo, &mut st, &mut out);
+            out
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+fn apply(st: &mut KState, mv: Move) {
+    let first = st.tensors.len();
+    let ids: Vec<usize> = (first..first + mv.outs.len()).collect();
+    if matches!(mv.op, KOp::Custom { .. }) {
+        st.n_custom += 1;
+    }
+    st.tensors.extend(mv.outs);
+    st.ops.push((mv.op, ids));
+    st.keys.push(mv.key);
+}
+
+fn undo(st: &mut KState) {
+    if let Some((op, ids)) = st.ops.pop() {
+        if matches!(op, KOp::Custom { .. }) {
+            st.n_custom -= 1;
+        }
+        st.tensors.truncate(st.tensors.len() - ids.len());
+        st.keys.pop();
+    }
+}
+
+fn dfs(run: &Run, vocab: &Vocab, memo: &Memo, st: &mut KState, out: &mut Vec<Skeleton>) {
+    if run.count_state() {
+        return;
+    }
+    if let Some(sk) = complete(run, st) {
+        run.count_candidate();
+        out.push(sk);
+        return;
+    }
+    if st.ops.len() >= run.cfg.max_kernel_ops {
+        return;
+    }
+    for mv in moves(run, vocab, memo, st) {
+        apply(st, mv);
+        dfs(run, vocab, memo, st, out);
+        undo(st);
+        if run.stopped() {
+            return;
+        }
+    }
+}
+
+/// A complete state (every produced tensor used) as a skeleton.
+fn complete(run: &Run, st: &KState) -> Option<Skeleton> {
+    let n_out = run.target.outputs.len();
+    let mut outputs = vec![];
+    for k in 0..n_out {
+        let dims = &run.target_output_dims[k];
+        let t = (st.n_inputs..st.tensors.len()).find(|&t| {
+            let x = &st.tensors[t];
+            x.chunks.is_none()
+                && &x.dims == dims
+                && run.target.is_output(x.abs, k)
+                && !outputs.contains(&t)
+        })?;
+        outputs.push(t);
+    }
+    // Every tensor an op produces must be used (by a later op or as an output): this rules
+    // out dead ops and customized ops computing outputs nobody reads.
+    let mut used = vec![false; st.tensors.len()];
+    for &o in &outputs {
+        used[o] = true;
+    }
+    for (op, _) in &st.ops {
+        for a in op.operands() {
+            used[a] = true;
+        }
+    }
+    if st.ops.iter().any(|(_, ids)| ids.iter().any(|&i| !used[i])) {
+        return None;
+    }
+    Some(Skeleton {
+        tensors: st.tensors.clone(),
+        ops: st.ops.clone(),
+        outputs,
+    })
+}
+
+fn lib_key(op: &LibOp) -> MoveKey {
+    let ops = op.operands();
+    let (code, param) = match op {
+        LibOp::Matmul(..) => (1, 0),
+        LibOp::Unary(u, _) => (2, hash_str(&format!("{}{:?}", u.name(), u.params()))),
+        LibOp::Binary(b, ..) => (3, *b as u64),
+        LibOp::Reduction(_, d) => (4, *d as u64),
+        LibOp::RmsNorm { .. } => (5, 0),
+        LibOp::Softmax(_, d) => (6, *d as u64),
+    };
+    (ops.iter().copied().max().unwrap_or(0), code, ops, param)
+}
+
+fn hash_str(s: &str) -> u64 {
+    s.bytes().fold(1469598103934665603u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(1099511628211)
+    })
+}
+
+/// Non-empty subsets of `0..n` with at most `max` elements, in lexicographic order
+/// (generated directly: iterating all 2^n masks would not scale with many tensors).
+fn subsets(n: usize, max: usize) -> Vec<Vec<usize>> {
+    fn rec(start: usize, n: usize, max: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        for i in start..n {
+            cur.push(i);
+            out.push(cur.clone());
+            if cur.len() < max {
+                rec(i + 1, n, max, cur, out);
+            }
+            cur.pop();
+        }
+    }
+    let mut out = vec![];
+    if max > 0 {
+        rec(0, n, max, &mut vec![], &mut out);
+    }
+    out
+}
+
+fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
+    let n = st.tensors.len();
+    let t = |i: usize| &st.tensors[i];
+    let plain = |i: usize| st.tensors[i].chunks.is_none();
+    let mut lb = LookupBuilder {
+        target: &run.target,
+    };
+    let mut cands: Vec<(LibOp, AbsVal, Dims)> = vec![];
+    for a in (0..n).filter(|&a| plain(a)) {
+        for b in (0..n).filter(|&b| plain(b)) {
+            if let Ok(d) = matmul_dims("", &t(a).dims, &t(b).dims) {
+                cands.push((
+                    LibOp::Matmul(a, b),
+                    lift_matmul(&mut lb, t(a).abs, t(b).abs),
+                    d,
+                ));
+            }
+            for &op in &vocab.binary {
+                if matches!(op, BinaryOp::Add | BinaryOp::Mul) && a > b {
+                    continue;
+                }
+                if let Ok(d) = broadcast_dims("", &t(a).dims, &t(b).dims) {
+                    cands.push((
+                        LibOp::Binary(op, a, b),
+                        lift_binary(&mut lb, op, t(a).abs, t(b).abs),
+                        d,
+                    ));
+                }
+            }
+        }
+        for &op in &vocab.unary {
+            cands.push((
+                LibOp::Unary(op, a),
+                lift_unary(&mut lb, op, t(a).abs),
+                t(a).dims.clone(),
+            ));
+        }
+        if vocab.reduction {
+            let r = t(a).dims.len();
+            let dims_ok: Vec<usize> = vocab
+                .reduction_dims_from_end
+                .iter()
+                .filter(|&&fe| fe <= r)
+                .map(|&fe| r - fe)
+                .collect();
+            for d in dims_ok.into_iter().filter(|&d| t(a).dims[d] > 1) {
+                let abs = lb.target.lookup(super::expr::AbsNode::Sum(t(a).abs));
+                cands.push((LibOp::Reduction(a, d), abs, keepdim_dims(&t(a).dims, d)));
+            }
+        }
+        for (ns, has_w, eps) in &vocab.rms_norms {
+            let dims = &t(a).dims;
+            if ns.len() > dims.len() || dims[dims.len() - ns.len()..] != ns[..] {
+                continue;
+            }
+            let ws: Vec<Option<usize>> = if *has_w {
+                (0..n)
+                    .filter(|&w| plain(w) && &t(w).dims == ns)
+                    .map(Some)
+                    .collect()
+            } else {
+                vec![None]
+            };
+            for w in ws {
+                let abs = lift_rms_norm(&mut lb, t(a).abs, w.map(|w| t(w).abs));
+                let op = LibOp::RmsNorm {
+                    x: a,
+                    ns: ns.clone(),
+                    w,
+                    eps: *eps,
+                };
+                cands.push((op, abs, dims.clone()));
+            }
+        }
+        for &d in &vocab.softmax_dims {
+            if d < t(a).dims.len() {
+                let e = lb.target.lookup(super::expr::AbsNode::Exp(t(a).abs));
+                let s = lb.target.lookup(super::expr::AbsNode::Sum(e));
+                let abs = lb.target.lookup(super::expr::AbsNode::Div(e, s));
+                cands.push((LibOp::Softmax(a, d), abs, t(a).dims.clone()));
+            }
+        }
+    }
+    let last = st
+        .ops
+        .last()
+        .map(|(_, ids)| ids.clone())
+        .unwrap_or_default();
+    let last_key = st.keys.last();
+    let canonical = |ops: &[usize], key: &MoveKey| match last_key {
+        None => true,
+        Some(lk) => ops.iter().any(|o| last.contains(o)) || key > lk,
+    };
+    let exists = |abs: AbsVal, dims: &Dims, chunks: Option<(usize, usize)>| {
+        st.tensors
+            .iter()
+            .any(|x| x.abs == abs && &x.dims == dims && x.chunks == chunks)
+    };
+    let dtype = st.tensors.first().map_or(DType::F32, |x| x.dtype);
+    let mut out = vec![];
+    for (op, abs, dims) in cands {
+        let key = lib_key(&op);
+        if !canonical(&op.operands(), &key) {
+            continue;
+        }
+        if run.cfg.prune && abs.known().is_none() {
+            run.count_pruned();
+            continue;
+        }
+        if exists(abs, &dims, None) {
+            continue;
+        }
+        let outs = vec![KTensor {
+            value_dims: dims.clone(),
+            dims,
+            dtype,
+            abs,
+            chunks: None,
+            elem_bytes: crate::plan::INTERMEDIATE_BYTES,
+        }];
+        out.push(Move {
+            op: KOp::Lib(op),
+            outs,
+            key,
+        });
+    }
+    if st.n_custom < run.cfg.max_custom_ops {
+        for set in subsets(n, run.cfg.max_custom_inputs) {
+            // A tensor unknown to the e-graph (e.g. an input the outputs do not use) can
+            // never feed a useful tile.
+            if run.cfg.prune && set.iter().any(|&i| t(i).abs.known().is_none()) {
+                continue;
+            }
+            let key0: MoveKey = (set.iter().copied().max().unwrap_or(0), 10, set.clone(), 0);
+            // Canonical check on the op class first (parameters only break ties).
+            if let Some(lk) = last_key {
+                if !set.iter().any(|o| last.contains(o))
+                    && (key0.0, key0.1, &key0.2) < (lk.0, lk.1, &lk.2)
+                {
+                    continue;
+                }
+            }
+            if run.stopped() {
+                break;
+            }
+            let ins: Vec<KIn> = set
+                .iter()
+                .map(|&i| KIn {
+                    abs: t(i).abs,
+                    dims: t(i).dims.clone(),
+                    value_dims: t(i).value_dims.clone(),
+                    chunks: t(i).chunks,
+                    dtype: t(i).dtype,
+                    elem_bytes: t(i).elem_bytes,
+                })
+                .collect();
+            let progs = programs_for(run, vocab, memo, &ins);
+            for (pi, (prog, groups)) in progs.iter().enumerate() {
+                for (gi, group) in groups.iter().enumerate() {
+                    let key: MoveKey = (key0.0, 10, set.clone(), ((pi as u64) << 16) | gi as u64);
+                    if !canonical(&set, &key) {
+                        continue;
+                    }
+                    let mut outs = vec![];
+                    let mut fresh = true;
+                    for (k, &o) in prog.outputs.iter().enumerate() {
+                        let (dims, chunks) = group.outs[k].clone();
+                        let abs = prog.tiles[o].abs;
+                        if exists(abs, &dims, chunks)
+                            || outs
+                                .iter()
+                                .any(|x: &KTensor| x.abs == abs && x.dims == dims)
+                        {
+                            fresh = false;
+                            break;
+                        }
+                        outs.push(KTensor {
+                            value_dims: prog.tiles[o].dims.clone(),
+                            dims,
+                            dtype,
+                            abs,
+                            chunks,
+                            elem_bytes: crate::plan::INTERMEDIATE_BYTES,
+                        });
+                    }
+                    if !fresh {
+                        continue;
+                    }
+                    out.push(Move {
+                        op: KOp::Custom {
+                            inputs: set.clone(),
+                            prog: prog.clone(),
+                            group: group.clone(),
+                        },
+                        outs,
+                        key,
+                    });
+                }
+            }
+        }
+    }
+    out
+}

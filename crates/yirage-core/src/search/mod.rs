@@ -1,0 +1,914 @@
+//! The superoptimizer's search (ARCHITECTURE.md §5).
+//!
+//! Pipeline:
+//! 1. **Target preprocessing**: every target tensor gets an abstract expression
+//!    ([`lift`]); softmax is expanded to exp/sum/div there. The output expressions are
+//!    saturated once in an e-graph ([`expr`]); the target's op kinds form the vocabulary.
+//! 2. **Kernel level** ([`kernel`]): DFS over library ops and customized ops, at most
+//!    `max_kernel_ops` ops of which `max_custom_ops` customized, canonical order, each new
+//!    tensor checked against the e-graph.
+//! 3. **Block level** for a customized op: (a) abstract block programs ([`block`]),
+//!    (b) concretised with dimension classes into grid/loop/tile mappings, built through the
+//!    IR's validating builder, checked against the device's shared memory and costed
+//!    ([`concrete`]). Results are memoised per input signature.
+//! 4. **Ranking and verification**: complete programs are realised with their cheapest
+//!    concretisations, ranked by the cost model ([`crate::cost`]) and verified with
+//!    finite-field fingerprints in cost order until `top_k` pass; each verified candidate
+//!    must also lower to a KernelPlan valid on the device ([`crate::plan`]).
+//! 5. The **baseline** (the original graph as library kernels) is always returned too,
+//!    labelled, ranked by cost like the rest.
+//!
+//! Parallelism: rayon over the first-level moves of both DFS levels and over
+//! concretisations; counters are atomics, the cancel flag is checked at every state.
+//! Results are collected in move order and ties broken by canonical hash, so the candidate
+//! set does not depend on the thread count when the search runs to exhaustion.
+
+pub mod block;
+pub mod concrete;
+pub mod expr;
+pub mod kernel;
+pub mod lift;
+
+use crate::cost::{total_cost, DeviceSpec};
+use crate::error::{CoreError, Result};
+use crate::fingerprint::{fingerprint, with_threads};
+use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::plan::{graph_profiles, lower, KernelPlan, INTERMEDIATE_BYTES};
+use crate::shape::Dims;
+use expr::{RecBuilder, TargetExprs};
+use kernel::{KOp, KTensor, LibOp, Memo, Skeleton};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// eps used for tile rms_norm when the target has none (never reached in practice: the
+/// op is only in the vocabulary when the target has an rms_norm).
+pub const DEFAULT_RMS_EPS: f64 = 1e-6;
+/// Verified tilings of one kernel structure returned before other structures are tried.
+pub const PER_STRUCTURE: usize = 2;
+
+/// Search options (JSON from Python: every field optional).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchConfig {
+    /// Wall-clock limit in seconds (`None`: no limit). The DFS gets 70 % of it, the
+    /// verification the rest.
+    pub time_limit_s: Option<f64>,
+    /// Stop after this many search states.
+    pub max_states: Option<u64>,
+    /// Stop after this many complete (unverified) candidates.
+    pub max_candidates: Option<u64>,
+    /// Verified candidates to return (besides the baseline).
+    pub top_k: usize,
+    /// Fingerprint trials per verification.
+    pub trials: usize,
+    pub seed: u64,
+    /// Worker threads (`None`: rayon's default pool).
+    pub threads: Option<usize>,
+    /// Sort results by (cost, canonical hash) so the set is thread-count independent.
+    pub deterministic: bool,
+    /// Abstract-expression pruning (disable to measure its effect).
+    pub prune: bool,
+    pub max_kernel_ops: usize,
+    pub max_custom_ops: usize,
+    pub max_custom_inputs: usize,
+    pub max_block_ops: usize,
+    pub max_accums: usize,
+    /// Assignments evaluated per abstract block program.
+    pub max_concretisations: usize,
+    /// Fingerprint tests at most (the verification stops after this many).
+    pub max_verify: usize,
+    pub egraph_node_limit: usize,
+    /// `attention`, `mlp` or `lora`: narrows the space (see [`SearchConfig::apply_preset`]).
+    pub preset: Option<String>,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        SearchConfig {
+            time_limit_s: Some(60.0),
+            max_states: None,
+            max_candidates: None,
+            top_k: 4,
+            trials: 2,
+            seed: 0,
+            threads: None,
+            deterministic: false,
+            prune: true,
+            max_kernel_ops: 4,
+            max_custom_ops: 2,
+            max_custom_inputs: 4,
+            max_block_ops: 8,
+            max_accums: 4,
+            max_concretisations: 20_000,
+            max_verify: 48,
+            egraph_node_limit: 20_000,
+            preset: None,
+        }
+    }
+}
+
+impl SearchConfig {
+    /// Parse JSON options (unknown keys are an error, so typos are loud).
+    pub fn from_json(s: &str) -> Result<SearchConfig> {
+        let mut c: SearchConfig = serde_json::from_str(s)
+            .map_err(|e| CoreError::Serialization(format!("search config: {e}")))?;
+        c.apply_preset()?;
+        Ok(c)
+    }
+
+    /// Canonical JSON (cache keys).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Narrow the space for a known workload family. The defaults find every family
+    /// without a preset; presets only make the search faster.
+    pub fn apply_preset(&mut self) -> Result<()> {
+        match self.preset.as_deref() {
+            None => {}
+            Some("attention") => {
+                self.max_kernel_ops = self.max_kernel_ops.min(2);
+                self.max_block_ops = self.max_block_ops.min(7);
+            }
+            Some("mlp") | Some("lora") => {
+                self.max_kernel_ops = self.max_kernel_ops.min(2);
+                self.max_custom_ops = self.max_custom_ops.min(1);
+                self.max_block_ops = self.max_block_ops.min(7);
+            }
+            Some(other) => {
+                return Err(CoreError::Graph(format!(
+                    "search config: unknown preset {other:?}; expected \"attention\", \"mlp\" or \"lora\""
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(CoreError::Graph(format!("search config: {m}")));
+        if let Some(t) = self.time_limit_s {
+            if !(t.is_finite() && t >= 0.0) {
+                return bad("time_limit_s must be a finite number ≥ 0");
+            }
+        }
+        if self.top_k == 0 {
+            return bad("top_k must be ≥ 1");
+        }
+        if self.trials == 0 {
+            return bad("trials must be ≥ 1");
+        }
+        if self.threads == Some(0) {
+            return bad("threads must be ≥ 1");
+        }
+        if self.max_kernel_ops == 0 || self.max_block_ops == 0 || self.max_custom_inputs == 0 {
+            return bad("max_kernel_ops, max_block_ops and max_custom_inputs must be ≥ 1");
+        }
+        Ok(())
+    }
+}
+
+/// Progress counters (atomics, readable while the search runs).
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub states_explored: AtomicU64,
+    pub states_pruned: AtomicU64,
+    pub concretisations: AtomicU64,
+    pub smem_rejected: AtomicU64,
+    pub candidates_found: AtomicU64,
+    pub fingerprint_tests: AtomicU64,
+    pub verified: AtomicU64,
+    pub rejected: AtomicU64,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ProgressSnapshot {
+    pub states_explored: u64,
+    pub states_pruned: u64,
+    pub concretisations: u64,
+    pub smem_rejected: u64,
+    pub candidates_found: u64,
+    pub fingerprint_tests: u64,
+    pub verified: u64,
+    pub rejected: u64,
+}
+
+impl Progress {
+    pub fn snapshot(&self) -> ProgressSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ProgressSnapshot {
+            states_explored: g(&self.states_explored),
+            states_pruned: g(&self.states_pruned),
+            concretisations: g(&self.concretisations),
+            smem_rejected: g(&self.smem_rejected),
+            candidates_found: g(&self.candidates_found),
+            fingerprint_tests: g(&self.fingerprint_tests),
+            verified: g(&self.verified),
+            rejected: g(&self.rejected),
+        }
+    }
+}
+
+/// Cancellation flag and progress counters shared with the caller.
+#[derive(Debug, Clone, Default)]
+pub struct SearchControl {
+    pub cancel: Arc<AtomicBool>,
+    pub progress: Arc<Progress>,
+}
+
+/// Why the search stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Stop {
+    None = 0,
+    Time = 1,
+    States = 2,
+    Candidates = 3,
+    Cancelled = 4,
+}
+
+/// The search report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct SearchReport {
+    pub states_explored: u64,
+    pub states_pruned: u64,
+    pub fingerprint_tests: u64,
+    pub verified: u64,
+    pub rejected: u64,
+    pub elapsed_s: f64,
+    /// Time spent enumerating (e-graph, kernel and block levels) and verifying/lowering.
+    pub enumerate_s: f64,
+    pub verify_s: f64,
+    pub threads: usize,
+    /// `exhausted`, `time_limit`, `state_limit`, `candidate_limit`, `cancelled` or
+    /// `no_candidates: <why>`.
+    pub stop_reason: String,
+    pub candidates_found: u64,
+    pub concretisations: u64,
+    pub smem_rejected: u64,
+    pub block_programs: u64,
+    pub egraph_nodes: usize,
+    pub egraph_classes: usize,
+    pub pruning: bool,
+    pub deterministic: bool,
+    /// Answered from the disk cache (set by the Python layer).
+    pub cache_hit: bool,
+    pub notes: Vec<String>,
+}
+
+impl SearchReport {
+    /// Canonical JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for SearchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "search {} after {:.2} s ({:.2} s enumerating, {:.2} s verifying) on {} threads (pruning {})",
+            self.stop_reason,
+            self.elapsed_s,
+            self.enumerate_s,
+            self.verify_s,
+            self.threads,
+            if self.pruning { "on" } else { "off" }
+        )?;
+        writeln!(
+            f,
+            "  states explored {}, pruned by abstract expressions {}, block programs {}, concretisations {} ({} over shared memory)",
+            self.states_explored, self.states_pruned, self.block_programs, self.concretisations, self.smem_rejected
+        )?;
+        write!(
+            f,
+            "  candidates {}, fingerprint tests {}, verified {}, rejected {}; e-graph {} nodes / {} classes",
+            self.candidates_found,
+            self.fingerprint_tests,
+            self.verified,
+            self.rejected,
+            self.egraph_nodes,
+            self.egraph_classes
+        )?;
+        for n in &self.notes {
+            write!(f, "\n  note: {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One returned µGraph.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub graph: KernelGraph,
+    /// Predicted time on the device (cost model).
+    pub predicted_us: f64,
+    /// Canonical content hash of `graph`.
+    pub hash: String,
+    /// Human-readable structure, e.g. `custom[grid=48x1x1 loop=16: matmul,accum_iter,…]`.
+    pub label: String,
+    /// True for the original graph lowered to library kernels.
+    pub baseline: bool,
+}
+
+impl Candidate {
+    /// Lower to a KernelPlan validated against `spec`.
+    pub fn kernel_plan(&self, spec: &DeviceSpec) -> Result<KernelPlan> {
+        lower(&self.graph, spec)
+    }
+}
+
+/// Result of a search: candidates best predicted first, and the report.
+#[derive(Debug, Clone)]
+pub struct SearchResult {
+    pub candidates: Vec<Candidate>,
+    pub report: SearchReport,
+}
+
+/// Op kinds of the target, which bound the search's vocabulary.
+#[derive(Debug, Clone, Default)]
+pub struct Vocab {
+    pub unary: Vec<UnaryOp>,
+    pub binary: Vec<BinaryOp>,
+    pub reduction: bool,
+    /// Reduced dims, counted from the end (1 = last): reductions are only tried there.
+    pub reduction_dims_from_end: Vec<usize>,
+    pub rms_eps: Option<f64>,
+    pub rms_norms: Vec<(Dims, bool, f64)>,
+    pub softmax_dims: Vec<usize>,
+    pub unsupported: Vec<String>,
+}
+
+impl Vocab {
+    fn from_target(g: &KernelGraph) -> Vocab {
+        let mut v = Vocab::default();
+        let un = |v: &mut Vocab, op: UnaryOp| {
+            if !v.unary.contains(&op) {
+                v.unary.push(op);
+            }
+        };
+        let bin = |v: &mut Vocab, op: BinaryOp| {
+            if !v.binary.contains(&op) {
+                v.binary.push(op);
+            }
+        };
+        for op in g.ops() {
+            match &op.kind {
+                KernelOpKind::Input { .. } | KernelOpKind::Matmul { .. } => {}
+                KernelOpKind::Unary { op, .. } => un(&mut v, *op),
+                KernelOpKind::Binary { op, .. } => bin(&mut v, *op),
+                KernelOpKind::Reduction { x, dim } => {
+                    v.reduction = true;
+                    let from_end = g.tensors()[*x].dims.len() - dim;
+                    if !v.reduction_dims_from_end.contains(&from_end) {
+                        v.reduction_dims_from_end.push(from_end);
+                    }
+                }
+                KernelOpKind::RmsNorm {
+                    normalized_shape,
+                    weight,
+                    eps,
+                    ..
+                } => {
+                    v.rms_eps.get_or_insert(*eps);
+                    // rms_norm ↦ x / rms(x) (× weight): fused forms divide (and multiply).
+                    bin(&mut v, BinaryOp::Div);
+                    let e = (normalized_shape.clone(), weight.is_some(), *eps);
+                    if !v.rms_norms.contains(&e) {
+                        v.rms_norms.push(e);
+                    }
+                    if weight.is_some() {
+                        bin(&mut v, BinaryOp::Mul);
+                    }
+                }
+                KernelOpKind::Softmax { x, dim } => {
+                    if !v.softmax_dims.contains(dim) {
+                        v.softmax_dims.push(*dim);
+                    }
+                    let from_end = g.tensors()[*x].dims.len() - dim;
+                    if !v.reduction_dims_from_end.contains(&from_end) {
+                        v.reduction_dims_from_end.push(from_end);
+                    }
+                    un(&mut v, UnaryOp::Exp);
+                    bin(&mut v, BinaryOp::Div);
+                    v.reduction = true;
+                }
+                KernelOpKind::Concat { .. } => v.unsupported.push("concat".into()),
+                KernelOpKind::Chunk { .. } => v.unsupported.push("chunk".into()),
+                KernelOpKind::Customized { graph, .. } => {
+                    for bop in graph.ops() {
+                        use crate::block_graph::BlockOpKind as B;
+                        match bop {
+                            B::Unary { op, .. } => un(&mut v, *op),
+                            B::Binary { op, .. } => bin(&mut v, *op),
+                            B::Reduction { x, dim } | B::ReductionToDimx { x, dim } => {
+                                v.reduction = true;
+                                let from_end = graph.tiles()[*x].dims.len() - dim;
+                                if !v.reduction_dims_from_end.contains(&from_end) {
+                                    v.reduction_dims_from_end.push(from_end);
+                                }
+                            }
+                            B::RmsNorm { eps, .. } => {
+                                v.rms_eps.get_or_insert(*eps);
+                                bin(&mut v, BinaryOp::Div);
+                            }
+                            B::ForloopAccum {
+                                kind: crate::ops::AccumKind::Rms { eps },
+                                ..
+                            } => {
+                                v.rms_eps.get_or_insert(*eps);
+                            }
+                            B::Concat { .. } => {
+                                v.unsupported.push("concat (in a customized op)".into())
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        v.unsupported.dedup();
+        v
+    }
+}
+
+/// Shared state of one search run.
+pub struct Run {
+    pub cfg: SearchConfig,
+    pub spec: DeviceSpec,
+    pub target: TargetExprs,
+    pub target_output_dims: Vec<Dims>,
+    ctl: SearchControl,
+    dfs_deadline: Option<Instant>,
+    stop: AtomicU8,
+}
+
+impl Run {
+    fn set_stop(&self, s: Stop) {
+        let _ = self.stop.compare_exchange(
+            Stop::None as u8,
+            s as u8,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    fn stop_reason(&self) -> Stop {
+        match self.stop.load(Ordering::Relaxed) {
+            1 => Stop::Time,
+            2 => Stop::States,
+            3 => Stop::Candidates,
+            4 => Stop::Cancelled,
+            _ => Stop::None,
+        }
+    }
+
+    /// Should the enumeration stop? (Checks the cancel flag, the clock and the limits.)
+    pub fn stopped(&self) -> bool {
+        if self.stop.load(Ordering::Relaxed) != 0 {
+            return true;
+        }
+        let p = &self.ctl.progress;
+        if self.ctl.cancel.load(Ordering::Relaxed) {
+            self.set_stop(Stop::Cancelled);
+        } else if self.dfs_deadline.is_some_and(|d| Instant::now() >= d) {
+            self.set_stop(Stop::Time);
+        } else if self
+            .cfg
+            .max_states
+            .is_some_and(|m| p.states_explored.load(Ordering::Relaxed) >= m)
+        {
+            self.set_stop(Stop::States);
+        } else if self
+            .cfg
+            .max_candidates
+            .is_some_and(|m| p.candidates_found.load(Ordering::Relaxed) >= m)
+        {
+            self.set_stop(Stop::Candidates);
+        }
+        self.stop.load(Ordering::Relaxed) != 0
+    }
+
+    /// Count one explored state; returns true if the search must stop.
+    pub fn count_state(&self) -> bool {
+        self.ctl
+            .progress
+            .states_explored
+            .fetch_add(1, Ordering::Relaxed);
+        self.stopped()
+    }
+    pub fn count_pruned(&self) {
+        self.ctl
+            .progress
+            .states_pruned
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn count_concretisation(&self) {
+        self.ctl
+            .progress
+            .concretisations
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn count_smem_reject(&self) {
+        self.ctl
+            .progress
+            .smem_rejected
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn count_candidate(&self) {
+        self.ctl
+            .progress
+            .candidates_found
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One way to realise a skeleton: a concretisation index per customized op.
+struct Realisation {
+    skel: usize,
+    choice: Vec<usize>,
+    est_us: f64,
+}
+
+fn realise(target: &KernelGraph, sk: &Skeleton, choice: &[usize]) -> Result<(KernelGraph, String)> {
+    let mut g = KernelGraph::new();
+    let mut map: Vec<TensorId> = vec![];
+    for (dims, dtype) in target.input_signature() {
+        let d: Vec<i64> = dims.iter().map(|&x| x as i64).collect();
+        map.push(g.new_input(&d, dtype)?);
+    }
+    let mut labels = vec![];
+    let mut ci = 0;
+    for (op, ids) in &sk.ops {
+        let m = |t: usize| map[t];
+        let outs: Vec<TensorId> = match op {
+            KOp::Lib(l) => {
+                labels.push(l.name());
+                vec![match l {
+                    LibOp::Matmul(a, b) => g.matmul(m(*a), m(*b))?,
+                    LibOp::Unary(u, x) => g.unary(*u, m(*x))?,
+                    LibOp::Binary(b, x, y) => g.binary(*b, m(*x), m(*y))?,
+                    LibOp::Reduction(x, d) => g.reduction(m(*x), *d as i64)?,
+                    LibOp::RmsNorm { x, ns, w, eps } => {
+                        let ns: Vec<i64> = ns.iter().map(|&v| v as i64).collect();
+                        g.rms_norm(m(*x), &ns, w.map(m), *eps)?
+                    }
+                    LibOp::Softmax(x, d) => g.softmax(m(*x), *d as i64)?,
+                }]
+            }
+            KOp::Custom {
+                inputs,
+                prog,
+                group,
+            } => {
+                let c = group
+                    .concretes
+                    .get(choice.get(ci).copied().unwrap_or(0))
+                    .ok_or_else(|| CoreError::Graph("search: concretisation index".into()))?;
+                ci += 1;
+                let bg = &c.graph;
+                let gd = bg.grid_dim();
+                labels.push(format!(
+                    "custom[grid={}x{}x{} loop={}: {}]",
+                    gd[0],
+                    gd[1],
+                    gd[2],
+                    bg.forloop_range(),
+                    prog.describe()
+                ));
+                let ins: Vec<TensorId> = inputs.iter().map(|&t| m(t)).collect();
+                g.customized(&ins, bg)?
+            }
+        };
+        if outs.len() != ids.len() {
+            return Err(CoreError::Graph(
+                "search: output count of a realised op".into(),
+            ));
+        }
+        map.extend(outs);
+    }
+    for &o in &sk.outputs {
+        g.mark_output(map[o])?;
+    }
+    Ok((g, labels.join(" ; ")))
+}
+
+fn graph_cost(g: &KernelGraph, spec: &DeviceSpec) -> Result<f64> {
+    Ok(total_cost(spec, &graph_profiles(g)?))
+}
+
+/// Realisations of every skeleton: the cheapest concretisation of each customized op,
+/// plus, per op, its next-cheapest alternatives (so a concretisation that fails
+/// verification is replaced by the next one).
+fn realisations(skels: &[Skeleton], target: &KernelGraph, spec: &DeviceSpec) -> Vec<Realisation> {
+    let mut out = vec![];
+    for (si, sk) in skels.iter().enumerate() {
+        let groups: Vec<&concrete::Group> = sk
+            .ops
+            .iter()
+            .filter_map(|(op, _)| match op {
+                KOp::Custom { group, .. } => Some(group.as_ref()),
+                KOp::Lib(_) => None,
+            })
+            .collect();
+        let best = vec![0; groups.len()];
+        let Ok(base) = realise(target, sk, &best).and_then(|(g, _)| graph_cost(&g, spec)) else {
+            continue;
+        };
+        out.push(Realisation {
+            skel: si,
+            choice: best.clone(),
+            est_us: base,
+        });
+        for (slot, g) in groups.iter().enumerate() {
+            let c0 = g.concretes[0].cost_us;
+            for (j, c) in g.concretes.iter().enumerate().skip(1) {
+                let mut choice = best.clone();
+                choice[slot] = j;
+                out.push(Realisation {
+                    skel: si,
+                    choice,
+                    est_us: base - c0 + c.cost_us,
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| {
+        a.est_us
+            .total_cmp(&b.est_us)
+            .then(a.skel.cmp(&b.skel))
+            .then(a.choice.cmp(&b.choice))
+    });
+    out
+}
+
+fn target_exprs(g: &KernelGraph, node_limit: usize) -> Result<TargetExprs> {
+    let mut b = RecBuilder::default();
+    let vals = lift::lift_kernel_graph(&mut b, g).ok_or_else(|| {
+        CoreError::Graph("search: could not build the target's abstract expressions".into())
+    })?;
+    let roots: Vec<egg::Id> = g.outputs().iter().map(|&o| vals[o]).collect();
+    Ok(TargetExprs::saturate_roots(&b.expr, &roots, node_limit, 30))
+}
+
+/// Search for µGraphs equivalent to `target`, best predicted first.
+///
+/// Errors: a target without outputs, an invalid config or device spec, a target the
+/// fingerprinter cannot evaluate. Everything else (limits, cancellation, nothing found)
+/// ends in a report whose `stop_reason` says why; the baseline is always returned.
+pub fn search(
+    target: &KernelGraph,
+    spec: &DeviceSpec,
+    cfg: &SearchConfig,
+    ctl: &SearchControl,
+) -> Result<SearchResult> {
+    target.check_complete()?;
+    spec.validate()?;
+    cfg.validate()?;
+    let threads = cfg.threads;
+    with_threads(threads, || search_in_pool(target, spec, cfg, ctl))
+}
+
+fn search_in_pool(
+    target: &KernelGraph,
+    spec: &DeviceSpec,
+    cfg: &SearchConfig,
+    ctl: &SearchControl,
+) -> Result<SearchResult> {
+    let start = Instant::now();
+    let limit = cfg.time_limit_s.map(Duration::from_secs_f64);
+    let deadline = limit.map(|l| start + l);
+    let mut notes = vec![];
+    let vocab = Vocab::from_target(target);
+    let texprs = target_exprs(target, cfg.egraph_node_limit)?;
+    let run = Run {
+        cfg: cfg.clone(),
+        spec: spec.clone(),
+        target: texprs,
+        target_output_dims: target
+            .outputs()
+            .iter()
+            .map(|&o| target.tensors()[o].dims.clone())
+            .collect(),
+        ctl: ctl.clone(),
+        dfs_deadline: limit.map(|l| start + l.mul_f64(0.7)),
+        stop: AtomicU8::new(0),
+    };
+    let dtypes: Vec<_> = target.input_signature().iter().map(|s| s.1).collect();
+    let mixed = dtypes.windows(2).any(|w| w[0] != w[1]);
+    let memo = Memo::default();
+    let skeletons = if !vocab.unsupported.is_empty() {
+        notes.push(format!(
+            "the target contains {}, which the search does not fuse; only the baseline is returned",
+            vocab.unsupported.join(", ")
+        ));
+        vec![]
+    } else if mixed {
+        notes.push("the target mixes input dtypes; only the baseline is returned".into());
+        vec![]
+    } else {
+        let inputs: Vec<KTensor> = target
+            .input_signature()
+            .iter()
+            .enumerate()
+            .map(|(i, (dims, dtype))| {
+                let abs = run.target.lookup(expr::AbsNode::Sym(format!("in{i}")));
+                KTensor {
+                    dims: dims.clone(),
+                    value_dims: dims.clone(),
+                    dtype: *dtype,
+                    abs,
+                    chunks: None,
+                    elem_bytes: dtype.size_bytes(),
+                }
+            })
+            .collect();
+        kernel::search_kernels(&run, &vocab, &memo, inputs)
+    };
+    let dfs_stop = run.stop_reason();
+    let enumerate_s = start.elapsed().as_secs_f64();
+
+    // Rank and verify.
+    let p = &ctl.progress;
+    let mut verified: Vec<Candidate> = vec![];
+    let mut seen = std::collections::HashSet::new();
+    let mut target_fp: Option<String> = None;
+    let mut verify_stop = Stop::None;
+    let target_hash = crate::json::hash(target);
+    seen.insert(target_hash.clone());
+    let reals = realisations(&skeletons, target, spec);
+    let mut tests = 0usize;
+    let mut plan_rejects = 0usize;
+    // First pass: at most PER_STRUCTURE tilings of one kernel structure, so the top-k the
+    // device profiles are diverse; the second pass fills up with the skipped ones.
+    let mut per_skel = vec![0usize; skeletons.len()];
+    let mut skipped = vec![];
+    let order: Vec<usize> = (0..reals.len()).collect();
+    let mut second = false;
+    let mut queue = order.clone();
+    let mut qi = 0;
+    loop {
+        if qi >= queue.len() {
+            if second || skipped.is_empty() {
+                break;
+            }
+            second = true;
+            queue = std::mem::take(&mut skipped);
+            qi = 0;
+            continue;
+        }
+        let r = &reals[queue[qi]];
+        qi += 1;
+        if verified.len() >= cfg.top_k || tests >= cfg.max_verify {
+            break;
+        }
+        if !second && per_skel[r.skel] >= PER_STRUCTURE {
+            skipped.push(queue[qi - 1]);
+            continue;
+        }
+        if ctl.cancel.load(Ordering::Relaxed) {
+            verify_stop = Stop::Cancelled;
+            break;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            verify_stop = Stop::Time;
+            break;
+        }
+        let Ok((g, label)) = realise(target, &skeletons[r.skel], &r.choice) else {
+            p.rejected.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let h = crate::json::hash(&g);
+        if !seen.insert(h.clone()) {
+            continue;
+        }
+        if lower(&g, spec).is_err() {
+            plan_rejects += 1;
+            p.rejected.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let tfp = match &target_fp {
+            Some(f) => f.clone(),
+            None => {
+                let f = fingerprint(target, cfg.trials, cfg.seed, None)?;
+                target_fp = Some(f.clone());
+                f
+            }
+        };
+        tests += 1;
+        p.fingerprint_tests.fetch_add(1, Ordering::Relaxed);
+        let ok = fingerprint(&g, cfg.trials, cfg.seed, None).is_ok_and(|f| f == tfp);
+        if ok {
+            per_skel[r.skel] += 1;
+            p.verified.fetch_add(1, Ordering::Relaxed);
+            let predicted_us = graph_cost(&g, spec)?;
+            verified.push(Candidate {
+                graph: g,
+                predicted_us,
+                hash: h,
+                label,
+                baseline: false,
+            });
+        } else {
+            p.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if plan_rejects > 0 {
+        notes.push(format!(
+            "{plan_rejects} candidate(s) did not lower to a valid kernel plan on this device"
+        ));
+    }
+
+    // Baseline.
+    match lower(target, spec) {
+        Ok(_) => verified.push(Candidate {
+            graph: target.clone(),
+            predicted_us: graph_cost(target, spec)?,
+            hash: target_hash,
+            label: "baseline: the original graph as library kernels".into(),
+            baseline: true,
+        }),
+        Err(e) => notes.push(format!(
+            "the original graph does not lower on this device: {e}"
+        )),
+    }
+    verified.sort_by(|a, b| {
+        a.predicted_us
+            .total_cmp(&b.predicted_us)
+            .then(a.hash.cmp(&b.hash))
+    });
+
+    let n_fused = verified.iter().filter(|c| !c.baseline).count();
+    let fused_found = skeletons.iter().any(|sk| {
+        sk.ops
+            .iter()
+            .any(|(op, _)| matches!(op, KOp::Custom { .. }))
+    });
+    let stop_reason = match (dfs_stop, verify_stop) {
+        (Stop::Cancelled, _) | (_, Stop::Cancelled) => "cancelled".to_string(),
+        (Stop::Time, _) | (_, Stop::Time) => "time_limit".to_string(),
+        (Stop::States, _) => "state_limit".to_string(),
+        (Stop::Candidates, _) => "candidate_limit".to_string(),
+        _ if n_fused == 0 => {
+            let why = if !vocab.unsupported.is_empty() {
+                format!("the target contains {}", vocab.unsupported.join(", "))
+            } else if mixed {
+                "the target mixes input dtypes".to_string()
+            } else if !fused_found && p.smem_rejected.load(Ordering::Relaxed) > 0 {
+                format!(
+                    "no fused program fits the device ({} mappings exceeded its {} bytes of shared memory)",
+                    p.smem_rejected.load(Ordering::Relaxed),
+                    spec.shared_mem_per_block
+                )
+            } else if !fused_found {
+                "no fused program equivalent to the target was found within the search limits"
+                    .to_string()
+            } else {
+                format!("{} candidate(s) found, none verified", reals.len())
+            };
+            format!("no_candidates: {why}")
+        }
+        _ => "exhausted".to_string(),
+    };
+    if cfg.deterministic && stop_reason != "exhausted" {
+        notes.push(
+            "deterministic mode: the search hit a limit, so the candidate set may depend on timing"
+                .into(),
+        );
+    }
+    let snap = p.snapshot();
+    let report = SearchReport {
+        states_explored: snap.states_explored,
+        states_pruned: snap.states_pruned,
+        fingerprint_tests: snap.fingerprint_tests,
+        verified: snap.verified,
+        rejected: snap.rejected,
+        elapsed_s: start.elapsed().as_secs_f64(),
+        enumerate_s,
+        verify_s: start.elapsed().as_secs_f64() - enumerate_s,
+        threads: rayon::current_num_threads(),
+        stop_reason,
+        candidates_found: snap.candidates_found,
+        concretisations: snap.concretisations,
+        smem_rejected: snap.smem_rejected,
+        block_programs: memo.programs() as u64,
+        egraph_nodes: run.target.nodes,
+        egraph_classes: run.target.classes,
+        pruning: cfg.prune,
+        deterministic: cfg.deterministic,
+        cache_hit: false,
+        notes,
+    };
+    let _ = INTERMEDIATE_BYTES;
+    Ok(SearchResult {
+        candidates: verified,
+        report,
+    })
+}
+
+#[cfg(test)]
+mod tests;
