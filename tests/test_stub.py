@@ -21,7 +21,7 @@ def _stub_names() -> tuple[set[str], dict[str, set[str]]]:
             top.add(node.name)
             members[node.name] = {
                 n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            } - {"__init__"}
+            } - {"__init__", "__new__"}
         elif isinstance(node, ast.FunctionDef):
             top.add(node.name)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):

@@ -1,0 +1,394 @@
+"""The NVIDIA CUDA Backend object.
+
+``codegen`` prints a KernelPlan twice: as Triton (primary) and as CUDA C++ (second path,
+when the printer can lay the kernel out in shared memory). ``compile`` writes the Triton
+module into the cache and, on a GPU machine, compiles the C++ with NVRTC/nvcc for the live
+architecture. ``load`` returns a :class:`CudaKernel` running the Triton variant;
+``profile`` times every variant that loaded, cross-checks the C++ outputs against the
+(already reference-checked) Triton outputs, keeps the faster one and remembers the choice in
+the cache, so a later ``load`` of the same plan on the same device picks it again.
+
+``CudaBackend(interpret=True)`` runs the Triton kernels in the Triton interpreter on CPU
+tensors (no GPU needed): that is how CI runs the generated code ("ran emulated").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from yirage import Backend, DeviceSpec, ProbeResult, VerificationLevel, _cache
+from yirage._errors import BackendError
+from yirage_cuda import _device_spec, _probe, _toolchain, _verification
+from yirage_cuda._cuda_codegen import CudaCppOptions, CudaCppSource, generate_cuda
+from yirage_cuda._plan import Plan, parse_plan
+from yirage_cuda._runtime import (
+    CudaCppLauncher,
+    CudaLauncher,
+    ProfileResult,
+    TritonLauncher,
+    profile,
+)
+from yirage_cuda._triton_codegen import TritonOptions, TritonSource, generate_triton
+
+__all__ = ["CudaArtifact", "CudaBackend", "CudaKernel", "CudaSource"]
+
+
+@dataclass
+class CudaSource:
+    """What :meth:`CudaBackend.codegen` returns: the Triton module (``code``) and, when the
+    C++ printer could lay the plan out, the CUDA C++ translation unit (``cuda_code``)."""
+
+    plan: Plan
+    triton: TritonSource
+    cuda: CudaCppSource | None
+    cuda_error: str | None = None
+
+    @property
+    def code(self) -> str:
+        return self.triton.text
+
+    @property
+    def cuda_code(self) -> str | None:
+        return self.cuda.text if self.cuda is not None else None
+
+    def __str__(self) -> str:
+        return self.code
+
+
+@dataclass
+class CudaArtifact:
+    source: CudaSource
+    triton_path: Path
+    interpret: bool
+    cuda_compiled: _toolchain.CompiledCuda | None = None
+    cuda_error: str | None = None
+    cache_hit: bool = False
+    compile_seconds: float = 0.0
+
+
+@dataclass
+class CudaKernel:
+    """Launcher of a plan with its variants ("triton", and "cuda" for the C++ path)."""
+
+    variants: dict[str, CudaLauncher]
+    variant: str = "triton"
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def active(self) -> CudaLauncher:
+        return self.variants[self.variant]
+
+    @property
+    def plan(self) -> Plan:
+        return self.active.plan
+
+    @property
+    def input_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        return self.active.input_specs
+
+    @property
+    def output_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        return self.active.output_specs
+
+    @property
+    def interpret(self) -> bool:
+        return self.active.interpret
+
+    @property
+    def source(self) -> str:
+        return self.active.source
+
+    def __call__(self, *tensors: Any, inputs: Sequence[Any] | None = None) -> list[Any]:
+        return self.active(*tensors, inputs=inputs)
+
+    def run_unchecked(self, inputs: Sequence[Any]) -> list[Any]:
+        return self.active.run_unchecked(inputs)
+
+    def __repr__(self) -> str:
+        return f"<CudaKernel {self.variant} of {sorted(self.variants)}>"
+
+
+class CudaBackend(Backend):
+    """NVIDIA CUDA: Triton and CUDA C++ code from KernelPlans, run through torch.cuda."""
+
+    name = "cuda"
+    distribution = "yirage-cuda"
+    source_suffix = ".py"
+
+    def __init__(
+        self,
+        interpret: bool = False,
+        *,
+        cuda_cpp: bool = True,
+        triton_options: TritonOptions | None = None,
+        cuda_options: CudaCppOptions | None = None,
+    ) -> None:
+        self.interpret = bool(interpret)
+        self.cuda_cpp = cuda_cpp
+        self.triton_options = triton_options
+        self.cuda_options = cuda_options
+
+    # -- probe / device ------------------------------------------------------------------------
+    def probe(self) -> ProbeResult:
+        if self.interpret:
+            try:
+                ok = (
+                    importlib.util.find_spec("triton") is not None
+                    and importlib.util.find_spec("torch") is not None
+                )
+                tools = _toolchain.toolchain_versions()
+            except Exception as exc:
+                return ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}")
+            if not ok:
+                return ProbeResult(
+                    False, "the Triton interpreter needs triton and torch installed", None, tools
+                )
+            return ProbeResult(
+                True,
+                "Triton interpreter on the CPU (emulated; no GPU used)",
+                "Triton interpreter",
+                tools,
+            )
+        result = _probe.probe()
+        try:
+            tools = {**result.toolchain, **_toolchain.toolchain_versions()}
+        except Exception:
+            tools = dict(result.toolchain)
+        return ProbeResult(result.available, result.reason, result.hardware, tools)
+
+    def device_spec(self) -> DeviceSpec:
+        if self.interpret:
+            return _device_spec.H100_SXM
+        spec = _device_spec.device_spec()
+        if spec is None:
+            raise self._unavailable(self.probe().reason)
+        return spec
+
+    def known_devices(self) -> dict[str, DeviceSpec]:
+        return dict(_device_spec.KNOWN_DEVICES)
+
+    def toolchain(self) -> dict[str, str]:
+        tools = _toolchain.toolchain_versions()
+        if self.interpret:
+            tools["mode"] = "Triton interpreter (CPU)"
+        else:
+            info = _toolchain.device_info()
+            if info is not None:
+                tools["device"] = f"{info.name} ({info.arch}, {info.sm_count} SMs)"
+        return tools
+
+    def _gpu_arch(self) -> str | None:
+        if self.interpret:
+            return None
+        info = _toolchain.device_info()
+        return info.arch if info is not None else None
+
+    @property
+    def verification_level(self) -> VerificationLevel:  # type: ignore[override]
+        """From the records of passed runs and this machine (see ``_verification``)."""
+        try:
+            return _verification.current_level(self._gpu_arch())[0]
+        except Exception:
+            return VerificationLevel.GENERATED
+
+    def verification_record(self) -> dict[str, Any] | None:
+        return _verification.current_level(self._gpu_arch())[1]
+
+    # -- tensors -------------------------------------------------------------------------------
+    @property
+    def torch_device(self) -> str:
+        return "cpu" if self.interpret else "cuda"
+
+    def from_numpy(self, arrays: Sequence[Any], dtypes: Sequence[str]) -> list[Any]:
+        import torch
+
+        return [
+            torch.from_numpy(a).to(device=self.torch_device, dtype=getattr(torch, d)).contiguous()
+            for a, d in zip(arrays, dtypes, strict=True)
+        ]
+
+    def random_inputs(self, specs: Sequence[tuple[Sequence[int], str]], seed: int = 0) -> list[Any]:
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        return [
+            torch.randn(tuple(dims), generator=gen).to(
+                device=self.torch_device, dtype=getattr(torch, dt)
+            )
+            for dims, dt in specs
+        ]
+
+    # -- codegen / compile / load / profile ------------------------------------------------------
+    def _smem_limit(self) -> int | None:
+        if self.interpret:
+            return _device_spec.H100_SXM.shared_mem_per_block
+        info = _toolchain.device_info()
+        return info.smem_per_block_optin if info is not None else None
+
+    def codegen(self, plan: Any) -> CudaSource:
+        """Print a KernelPlan (object with ``kernel_plan()``/``to_json()``, JSON text or dict)."""
+        p = parse_plan(plan)
+        topts = self.triton_options or TritonOptions(
+            smem_limit=self._smem_limit(), bf16_dot_as_fp32=self.interpret
+        )
+        triton_src = generate_triton(p, topts)
+        cuda_src = None
+        cuda_err = None
+        if self.cuda_cpp:
+            copts = self.cuda_options or CudaCppOptions(
+                arch=self._gpu_arch() or "sm_90", smem_limit=self._smem_limit() or 227 * 1024
+            )
+            try:
+                cuda_src = generate_cuda(p, copts)
+            except BackendError as exc:
+                cuda_err = str(exc)
+        return CudaSource(p, triton_src, cuda_src, cuda_err)
+
+    def compile(self, source: Any) -> CudaArtifact:
+        if not isinstance(source, CudaSource):
+            raise BackendError(
+                "the cuda backend compiles what its codegen() returns (a CudaSource), "
+                f"got {type(source).__name__}"
+            )
+        t0 = time.perf_counter()
+        key = _toolchain._triton_key(source.triton.text, source.triton.codegen_version)
+        hit = _cache.entry_path("cuda-triton", key, ".py").is_file()
+        path = _toolchain.write_triton_module(source.triton.text, source.triton.codegen_version)
+        art = CudaArtifact(source, path, self.interpret, cache_hit=hit)
+        # The C++ variant only runs on a GPU; without one it is printed but not compiled here
+        # (CI compiles every printed kernel for sm_90 in its own tests).
+        if source.cuda is not None and not self.interpret and self._gpu_arch() is not None:
+            try:
+                art.cuda_compiled = _toolchain.compile_cuda(
+                    source.cuda.text, source.cuda.options.arch
+                )
+            except BackendError as exc:
+                art.cuda_error = str(exc)
+        elif source.cuda is None:
+            art.cuda_error = source.cuda_error
+        art.compile_seconds = time.perf_counter() - t0
+        return art
+
+    def load(self, artifact: Any) -> CudaKernel:
+        if not isinstance(artifact, CudaArtifact):
+            raise BackendError(
+                f"the cuda backend loads what its compile() returns, got {type(artifact).__name__}"
+            )
+        src = artifact.source
+        module = _toolchain.load_triton_module(artifact.triton_path, interpret=artifact.interpret)
+        variants: dict[str, CudaLauncher] = {
+            "triton": TritonLauncher(
+                src.plan, src.triton.text, module, interpret=artifact.interpret
+            )
+        }
+        kernel = CudaKernel(variants)
+        if artifact.cuda_compiled is not None and src.cuda is not None:
+            host = _host_module(src.cuda)
+            variants["cuda"] = CudaCppLauncher(
+                src.plan, src.cuda.text, host, artifact.cuda_compiled.cubin, src.cuda.kernels
+            )
+        elif artifact.cuda_error:
+            kernel.notes.append(
+                f"CUDA C++ variant unavailable: {artifact.cuda_error.splitlines()[0]}"
+            )
+        choice = self._remembered_variant(src.plan)
+        if choice in variants:
+            kernel.variant = choice
+        return kernel
+
+    def profile(
+        self, launcher: Any, inputs: Sequence[Any] | None = None, **options: Any
+    ) -> ProfileResult:
+        """Profile every variant of ``launcher`` (median CUDA-graph replay time), keep the
+        fastest whose outputs agree with the Triton variant's, and return its timing."""
+        kernel = launcher if isinstance(launcher, CudaKernel) else CudaKernel({"triton": launcher})
+        if inputs is None:
+            inputs = self.random_inputs(kernel.input_specs)
+        results: dict[str, ProfileResult] = {}
+        base = kernel.variants["triton"]
+        ref_out = None
+        for name, var in kernel.variants.items():
+            if name != "triton":
+                try:
+                    if ref_out is None:
+                        ref_out = base(*inputs)
+                    err = _max_rel_err(var(*inputs), ref_out)
+                except Exception as exc:
+                    kernel.notes.append(
+                        f"{name} variant failed to run: {type(exc).__name__}: {exc}"
+                    )
+                    continue
+                tol = 2e-2 if any(dt != "float32" for _, dt in var.output_specs) else 1e-4
+                if not err <= tol:
+                    kernel.notes.append(
+                        f"{name} variant disagrees with triton (rel err {err:.3g} > {tol}); dropped"
+                    )
+                    continue
+            try:
+                results[name] = profile(var, inputs, **options)
+            except Exception as exc:
+                if name == "triton":
+                    raise
+                kernel.notes.append(
+                    f"{name} variant failed to profile: {type(exc).__name__}: {exc}"
+                )
+        best = min(results, key=lambda n: results[n].median_us)
+        kernel.variant = best
+        kernel.timings = {n: r.median_us for n, r in results.items()}
+        if not kernel.interpret:
+            self._remember_variant(kernel.plan, best, kernel.timings)
+        return results[best]
+
+    # -- variant memory ----------------------------------------------------------------------------
+    def _variant_path(self, plan: Plan) -> Path:
+        info = _toolchain.device_info()
+        parts = {
+            "plan": hashlib.sha256(plan.text.encode()).hexdigest(),
+            "device": info.name if info else "none",
+            "version": self.package_version,
+        }
+        return _cache.entry_path("cuda-variant", parts, ".json")
+
+    def _remembered_variant(self, plan: Plan) -> str | None:
+        if self.interpret:
+            return None
+        try:
+            data = _cache.read_json(self._variant_path(plan))
+        except Exception:
+            return None
+        return str(data["variant"]) if data and "variant" in data else None
+
+    def _remember_variant(self, plan: Plan, variant: str, timings: dict[str, float]) -> None:
+        try:
+            path = self._variant_path(plan)
+            with _cache.locked(path):
+                _cache.write_json(path, {"variant": variant, "timings_us": timings})
+        except Exception:
+            pass
+
+
+def _host_module(src: CudaCppSource) -> Any:
+    import types
+
+    mod = types.ModuleType(f"yirage_cuda_host_{src.digest[:16]}")
+    exec(compile(src.host, f"<yirage-cuda host {src.digest[:16]}>", "exec"), mod.__dict__)
+    return mod
+
+
+def _max_rel_err(actual: Sequence[Any], expected: Sequence[Any]) -> float:
+    worst = 0.0
+    for a, e in zip(actual, expected, strict=True):
+        a64, e64 = a.detach().double(), e.detach().double()
+        if not bool(a64.isfinite().all()):
+            return float("inf")
+        denom = float(e64.norm())
+        err = float((a64 - e64).norm())
+        worst = max(worst, err / denom if denom > 0 else err)
+    return worst

@@ -1,0 +1,132 @@
+"""Host side of a printed plan, shared by the Triton and CUDA C++ printers.
+
+``launcher_lines`` prints ``def launch(inputs)``: it binds the inputs, allocates outputs and
+intermediates with ``torch.empty`` on the inputs' device (the caching allocator, so CUDA-graph
+capture works), runs library kernels through torch (matmul → cuBLAS via ``torch.matmul``) and
+generated kernels through the printer-specific launch line, in plan order, on the current
+stream, with no host synchronisation.
+
+Library ops compute in fp32 and cast to the destination buffer's dtype, except matmul, which
+multiplies in the 16-bit dtype of its operands when one is 16-bit (tensor cores, fp32
+accumulation inside cuBLAS) and in fp32 otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from yirage_cuda._plan import CodegenError, GeneratedKernel, LibraryKernel, Plan
+
+__all__ = ["TORCH_DTYPE", "fmt_float", "launcher_lines", "library_lines"]
+
+TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
+
+
+def fmt_float(x: float) -> str:
+    """A Python/C literal of ``x`` that round-trips (inf/nan spelled for Python)."""
+    if math.isinf(x):
+        return "float('inf')" if x > 0 else "float('-inf')"
+    if math.isnan(x):
+        return "float('nan')"
+    return repr(float(x))
+
+
+def _unary_torch(name: str, x: str, prm: list[float]) -> str:
+    table = {
+        "exp": f"torch.exp({x})",
+        "square": f"torch.square({x})",
+        "sqrt": f"torch.sqrt({x})",
+        "rsqrt": f"torch.rsqrt({x})",
+        "silu": f"torch.nn.functional.silu({x})",
+        "gelu": f"torch.nn.functional.gelu({x})",
+        "relu": f"torch.relu({x})",
+        "sigmoid": f"torch.sigmoid({x})",
+        "tanh": f"torch.tanh({x})",
+        "neg": f"torch.neg({x})",
+    }
+    if name == "mul_scalar":
+        return f"({x} * {fmt_float(prm[0])})"
+    if name == "clamp":
+        return f"torch.clamp({x}, {fmt_float(prm[0])}, {fmt_float(prm[1])})"
+    return table[name]
+
+
+def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[str]:
+    """Python lines computing library kernel ``k`` into its output buffer's name."""
+    out_buf = plan.buffer(k.outputs[0])
+    ins = [names[b] for b in k.inputs]
+    p = k.params
+    lines = [f"# library {k.op} {list(k.inputs)} -> {list(k.outputs)}"]
+    if k.op == "matmul":
+        in_dtypes = {plan.buffer(b).dtype for b in k.inputs}
+        low = [d for d in ("float16", "bfloat16") if d in in_dtypes]
+        cd = TORCH_DTYPE[low[0]] if low else "torch.float32"
+        expr = f"torch.matmul({ins[0]}.to({cd}), {ins[1]}.to({cd}))"
+    else:
+        f = [f"{x}.float()" for x in ins]
+        if k.op == "unary":
+            expr = _unary_torch(str(p["op"]), f[0], [float(v) for v in p.get("params", [])])
+        elif k.op == "binary":
+            op = {
+                "add": "torch.add",
+                "sub": "torch.sub",
+                "mul": "torch.mul",
+                "div": "torch.div",
+                "pow": "torch.pow",
+            }
+            expr = f"{op[p['op']]}({f[0]}, {f[1]})"
+        elif k.op == "reduction":
+            expr = f"torch.sum({f[0]}, dim={int(p['dim'])}, keepdim=True)"
+        elif k.op == "rms_norm":
+            n = int(p.get("num_normalized_dims", 1))
+            w = f[1] if p.get("has_weight") else "None"
+            eps = fmt_float(float(p.get("eps", 1e-6)))
+            expr = f"torch.nn.functional.rms_norm({f[0]}, {f[0]}.shape[-{n}:], {w}, {eps})"
+        elif k.op == "softmax":
+            expr = f"torch.softmax({f[0]}, dim={int(p['dim'])})"
+        elif k.op == "concat":
+            expr = f"torch.cat([{', '.join(f)}], dim={int(p['dim'])})"
+        elif k.op == "chunk":
+            expr = (
+                f"torch.chunk({f[0]}, {int(p['chunks'])}, dim={int(p['dim'])})[{int(p['index'])}]"
+            )
+        else:  # pragma: no cover - validated by the parser
+            raise CodegenError(f"library op {k.op!r} has no torch lowering")
+    name = names[out_buf.id]
+    lines.append(
+        f"{name} = ({expr}).to({TORCH_DTYPE[out_buf.dtype]})"
+        f".reshape({tuple(out_buf.dims)}).contiguous()"
+    )
+    return lines
+
+
+def launcher_lines(
+    plan: Plan, launch_line: Callable[[GeneratedKernel, dict[int, str]], list[str]]
+) -> list[str]:
+    """``def launch(inputs)`` for ``plan``; ``launch_line`` prints one generated kernel's launch."""
+    names = {b.id: f"buf{b.id}" for b in plan.buffers}
+    body = ['"""Run the plan on ``inputs`` (checked by the runtime); returns the outputs."""']
+    ins = [names[b.id] for b in plan.inputs]
+    if ins:
+        body.append(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = inputs")
+        body.append(f"dev = {ins[0]}.device")
+    else:
+        body.append("dev = torch.device('cuda', torch.cuda.current_device())")
+    allocated = {b.id for b in plan.inputs}
+    for k in plan.kernels:
+        if isinstance(k, LibraryKernel):
+            body += library_lines(plan, k, names)
+            allocated.update(k.outputs)
+            continue
+        for acc in k.outputs:
+            if acc.buffer not in allocated:
+                b = plan.buffer(acc.buffer)
+                body.append(
+                    f"{names[b.id]} = torch.empty({tuple(b.dims)}, "
+                    f"dtype={TORCH_DTYPE[b.dtype]}, device=dev)"
+                )
+                allocated.add(acc.buffer)
+        body += launch_line(k, names)
+    body.append(f"return [{', '.join(names[b.id] for b in plan.outputs)}]")
+    return ["def launch(inputs):", *("    " + line for line in body)]

@@ -1,0 +1,473 @@
+"""Runtime of the CUDA backend: input checks, launchers, and profiling on the device.
+
+Launchers take torch tensors: on a CUDA device (one device for all inputs), with the plan's
+dtypes and shapes, contiguous. Outputs are allocated on the inputs' device; kernels run on
+torch's current stream. Interpreter launchers (Triton interpreter, no GPU) take CPU tensors.
+
+Profiling (:func:`profile`) times with CUDA events: warm-up launches, then ``repeats`` timed
+launches, each after an L2 flush (a write over a buffer twice the L2 size, outside the timed
+region) and on rotating sets of fresh random inputs; the median is reported. It also captures
+the launcher in a CUDA graph and reports the median graph-replay time (launch overhead
+excluded), which is how TARGETS.md states its numbers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any
+
+from yirage._errors import BackendError, DTypeError, ShapeError
+from yirage_cuda._plan import Plan
+
+__all__ = [
+    "CudaCppLauncher",
+    "CudaLauncher",
+    "InputError",
+    "ProfileResult",
+    "TritonLauncher",
+    "check_inputs",
+    "profile",
+    "time_callable",
+]
+
+
+class InputError(BackendError):
+    """Tensors handed to a CUDA kernel that it cannot take (the message says what to do)."""
+
+
+_TORCH_NAMES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def check_inputs(
+    tensors: Sequence[Any], specs: Sequence[tuple[Sequence[int], str]], *, interpret: bool = False
+) -> list[Any]:
+    """Validate ``tensors`` against the plan's input ``specs`` ((dims, dtype) per input)."""
+    torch = _torch()
+    if len(tensors) != len(specs):
+        raise InputError(f"the kernel takes {len(specs)} input tensors, got {len(tensors)}")
+    device = None
+    out = []
+    for i, (t, (dims, dtype)) in enumerate(zip(tensors, specs, strict=True)):
+        if not isinstance(t, torch.Tensor):
+            kind = type(t).__module__ + "." + type(t).__name__
+            raise InputError(
+                f"input {i} is a {kind}; the cuda backend takes torch tensors on a CUDA device "
+                "(torch.as_tensor(x).cuda()), or build the kernel with backend='cpu' for host "
+                "arrays"
+            )
+        if interpret:
+            if t.device.type != "cpu":
+                raise InputError(
+                    f"input {i} is on {t.device}; the Triton interpreter runs on CPU tensors"
+                )
+        elif t.device.type != "cuda":
+            raise InputError(
+                f"input {i} is on {t.device}; the cuda backend runs on CUDA tensors: move it with "
+                "tensor.cuda() (or build the kernel with backend='cpu')"
+            )
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise InputError(
+                f"inputs are on {device} and {t.device} (input {i}); put every input on one device"
+            )
+        want = getattr(torch, _TORCH_NAMES[dtype])
+        if t.dtype != want:
+            raise DTypeError(
+                f"input {i} has dtype {t.dtype}, the kernel was built for {want}: "
+                f"convert with .to({want})"
+            )
+        if tuple(t.shape) != tuple(dims):
+            raise ShapeError(
+                f"input {i} has shape {tuple(t.shape)}, the kernel was built for {tuple(dims)}"
+            )
+        if not t.is_contiguous():
+            raise InputError(
+                f"input {i} is not contiguous (strides {tuple(t.stride())}): "
+                "pass tensor.contiguous()"
+            )
+        out.append(t)
+    return out
+
+
+class CudaLauncher:
+    """A loaded plan: ``launcher(*tensors)`` or ``launcher(inputs=[...])`` → list of outputs."""
+
+    language: str = ""
+
+    def __init__(
+        self, plan: Plan, source: str, module: ModuleType, *, interpret: bool = False
+    ) -> None:
+        self.plan = plan
+        self.source = source
+        self.module = module
+        self.interpret = interpret
+        self.input_specs = [(tuple(b.dims), b.dtype) for b in plan.inputs]
+        self.output_specs = [(tuple(b.dims), b.dtype) for b in plan.outputs]
+
+    def __call__(self, *tensors: Any, inputs: Sequence[Any] | None = None) -> list[Any]:
+        if inputs is not None and tensors:
+            raise InputError("pass the tensors either positionally or as inputs=[...], not both")
+        args = list(inputs) if inputs is not None else list(tensors)
+        checked = check_inputs(args, self.input_specs, interpret=self.interpret)
+        return self.run_unchecked(checked)
+
+    def run_unchecked(self, inputs: Sequence[Any]) -> list[Any]:
+        """Launch without checks (for profiling loops and CUDA-graph capture)."""
+        if not self.interpret and inputs:
+            torch = _torch()
+            with torch.cuda.device(inputs[0].device):
+                return list(self.module.launch(list(inputs)))
+        from yirage_cuda._toolchain import interpret_mode
+
+        with interpret_mode(True):  # Triton consults TRITON_INTERPRET while running, too
+            return list(self.module.launch(list(inputs)))
+
+    def __repr__(self) -> str:
+        mode = "interpreter" if self.interpret else "gpu"
+        return (
+            f"<{type(self).__name__} {self.language} plan {self.plan.graph_hash or '?'} ({mode})>"
+        )
+
+
+class TritonLauncher(CudaLauncher):
+    """Runs a printed Triton module. When Triton reports that a kernel's pipelined tiles do
+    not fit in shared memory (OutOfResources at its first compilation), the software-pipelining
+    depth of every kernel is lowered step by step and the launch retried; ``notes`` says so."""
+
+    language = "triton"
+
+    def __init__(
+        self, plan: Plan, source: str, module: ModuleType, *, interpret: bool = False
+    ) -> None:
+        super().__init__(plan, source, module, interpret=interpret)
+        self.notes: list[str] = []
+
+    def run_unchecked(self, inputs: Sequence[Any]) -> list[Any]:
+        while True:
+            try:
+                return super().run_unchecked(inputs)
+            except Exception as exc:
+                if type(exc).__name__ != "OutOfResources" or not self._fewer_stages():
+                    raise
+                self.notes.append(f"lowered num_stages after: {exc}")
+
+    def _fewer_stages(self) -> bool:
+        kernels = getattr(self.module, "KERNELS", {})
+        lowered = False
+        for info in kernels.values():
+            if int(info.get("num_stages", 1)) > 1:
+                info["num_stages"] = int(info["num_stages"]) - 1
+                lowered = True
+        return lowered
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA C++ kernels through the driver API (libcuda via ctypes: no SDK import needed)
+
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class _Driver:
+    _lock = threading.Lock()
+    _lib: Any = None
+
+    @classmethod
+    def lib(cls) -> Any:
+        with cls._lock:
+            if cls._lib is None:
+                try:
+                    lib = ctypes.CDLL("libcuda.so.1")
+                except OSError as exc:
+                    raise BackendError(
+                        f"libcuda.so.1 (the CUDA driver) cannot be loaded: {exc}"
+                    ) from exc
+                cls.check(lib.cuInit(0), "cuInit")
+                cls._lib = lib
+            return cls._lib
+
+    @classmethod
+    def check(cls, code: int, what: str) -> None:
+        if code == 0:
+            return
+        name = ""
+        if cls._lib is not None:
+            text = ctypes.c_char_p()
+            if cls._lib.cuGetErrorName(code, ctypes.byref(text)) == 0 and text.value:
+                name = f" ({text.value.decode()})"
+        hint = ""
+        if what.startswith("cuModuleLoadData"):
+            hint = (
+                "; the cubin may come from a CUDA compiler newer than the driver "
+                "(compare toolchain_versions()['nvrtc'/'nvcc'] with ['driver'])"
+            )
+        raise BackendError(f"CUDA driver call {what} failed with CUresult {code}{name}{hint}")
+
+
+class CudaCppLauncher(CudaLauncher):
+    """Runs the CUDA C++ kernels of a plan: cubin loaded with cuModuleLoadData into the
+    device's primary context (the one torch uses), launched with cuLaunchKernel on torch's
+    current stream. The host module's ``launch`` calls :meth:`launch_kernel`."""
+
+    language = "cuda"
+
+    def __init__(
+        self, plan: Plan, source: str, module: ModuleType, cubin: bytes, kernels: dict[str, Any]
+    ) -> None:
+        super().__init__(plan, source, module)
+        self.cubin = cubin
+        self.kernels = kernels  # name -> {"smem": bytes, "threads": n}
+        self._functions: dict[tuple[int, str], Any] = {}
+        self._modules: dict[int, Any] = {}
+        module.__dict__["_yr_launch"] = self.launch_kernel
+
+    def _function(self, device_index: int, name: str) -> Any:
+        key = (device_index, name)
+        fn = self._functions.get(key)
+        if fn is not None:
+            return fn
+        torch = _torch()
+        lib = _Driver.lib()
+        torch.cuda.init()
+        with torch.cuda.device(device_index):
+            torch.cuda.current_stream()  # makes the primary context current on this thread
+            ctx = ctypes.c_void_p()
+            _Driver.check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+            if not ctx.value:
+                dev = ctypes.c_int()
+                _Driver.check(lib.cuDeviceGet(ctypes.byref(dev), device_index), "cuDeviceGet")
+                _Driver.check(
+                    lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain"
+                )
+                _Driver.check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            mod = self._modules.get(device_index)
+            if mod is None:
+                mod = ctypes.c_void_p()
+                _Driver.check(
+                    lib.cuModuleLoadData(ctypes.byref(mod), self.cubin), "cuModuleLoadData"
+                )
+                self._modules[device_index] = mod
+            fn = ctypes.c_void_p()
+            _Driver.check(
+                lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()),
+                f"cuModuleGetFunction({name})",
+            )
+            smem = int(self.kernels[name]["smem"])
+            if smem > 48 * 1024:
+                _Driver.check(
+                    lib.cuFuncSetAttribute(
+                        fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
+                    ),
+                    f"cuFuncSetAttribute({name}, {smem} B dynamic shared memory)",
+                )
+        self._functions[key] = fn
+        return fn
+
+    def run_unchecked(self, inputs: Sequence[Any]) -> list[Any]:
+        # The printed kernels use 16-byte vector loads: copy the (rare) misaligned input view
+        # instead of faulting (a misaligned access would poison the CUDA context).
+        aligned = [t if t.data_ptr() % 16 == 0 else t.clone() for t in inputs]
+        return super().run_unchecked(aligned)
+
+    def launch_kernel(self, name: str, grid: tuple[int, int, int], *tensors: Any) -> None:
+        torch = _torch()
+        dev = tensors[0].device
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        fn = self._function(index, name)
+        info = self.kernels[name]
+        ptrs = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
+        params = (ctypes.c_void_p * len(ptrs))(
+            *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs]
+        )
+        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        lib = _Driver.lib()
+        _Driver.check(
+            lib.cuLaunchKernel(
+                fn,
+                ctypes.c_uint(grid[0]),
+                ctypes.c_uint(grid[1]),
+                ctypes.c_uint(grid[2]),
+                ctypes.c_uint(int(info["threads"])),
+                ctypes.c_uint(1),
+                ctypes.c_uint(1),
+                ctypes.c_uint(int(info["smem"])),
+                stream,
+                params,
+                None,
+            ),
+            f"cuLaunchKernel({name})",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# profiling
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """Timing of one launcher. ``median_us`` is the figure candidates are ranked by: the
+    CUDA-graph replay median when capture worked, else the event-timed launch median."""
+
+    median_us: float
+    launch_median_us: float
+    launch_min_us: float
+    graph_median_us: float | None
+    graph_error: str | None
+    repeats: int
+    warmup: int
+    input_sets: int
+    l2_flush: bool
+    method: str
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fresh_like(inputs: Sequence[Any], seed: int) -> list[Any]:
+    torch = _torch()
+    gen = torch.Generator(device=inputs[0].device).manual_seed(seed) if inputs else None
+    out = []
+    for t in inputs:
+        x = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
+        out.append(x.to(t.dtype))
+    return out
+
+
+def time_callable(
+    fn: Callable[[Sequence[Any]], Any],
+    input_sets: Sequence[Sequence[Any]],
+    *,
+    warmup: int = 10,
+    repeats: int = 50,
+    flush_l2: bool = True,
+    graph: bool = True,
+) -> tuple[list[float], list[float] | None, str | None]:
+    """Event-timed launches and CUDA-graph replays of ``fn(inputs)`` (µs per call).
+
+    Returns (launch times, graph replay times or None, graph error or None)."""
+    torch = _torch()
+    dev = input_sets[0][0].device if input_sets and input_sets[0] else torch.device("cuda")
+    flush = None
+    if flush_l2:
+        l2 = (
+            getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 * 2**20)
+            or 50 * 2**20
+        )
+        flush = torch.empty(2 * l2, dtype=torch.int8, device=dev)
+    n = len(input_sets)
+    for i in range(warmup):
+        fn(input_sets[i % n])
+    torch.cuda.synchronize(dev)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for i in range(repeats):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn(input_sets[i % n])
+        ends[i].record()
+    torch.cuda.synchronize(dev)
+    launch = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
+    if not graph:
+        return launch, None, None
+    try:
+        graphs = []
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for s in input_sets:
+                fn(s)  # warm-up on a side stream, as torch requires before capture
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.synchronize(dev)
+        for s in input_sets:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn(s)
+            graphs.append(g)
+        for i in range(warmup):
+            graphs[i % n].replay()
+        torch.cuda.synchronize(dev)
+        for i in range(repeats):
+            if flush is not None:
+                flush.zero_()
+            starts[i].record()
+            graphs[i % n].replay()
+            ends[i].record()
+        torch.cuda.synchronize(dev)
+        replay = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
+        del graphs
+        return launch, replay, None
+    except Exception as exc:  # report, never hide: the caller records graph_error
+        torch.cuda.synchronize(dev)
+        return launch, None, f"{type(exc).__name__}: {exc}"
+
+
+def profile(
+    launcher: CudaLauncher,
+    inputs: Sequence[Any],
+    *,
+    warmup: int = 10,
+    repeats: int = 50,
+    input_sets: int = 4,
+    flush_l2: bool = True,
+    graph: bool = True,
+    **_other: Any,
+) -> ProfileResult:
+    """Time ``launcher`` on ``inputs`` plus ``input_sets - 1`` fresh random input sets.
+
+    Options meant for other backends' profilers (e.g. ``min_time_s``) are accepted and
+    ignored, so ``superoptimize(profile_options=...)`` works with any backend."""
+    checked = check_inputs(list(inputs), launcher.input_specs, interpret=launcher.interpret)
+    if launcher.interpret:
+        times = []
+        for _ in range(max(1, min(repeats, 3))):
+            t0 = time.perf_counter()
+            launcher.run_unchecked(checked)
+            times.append((time.perf_counter() - t0) * 1e6)
+        med = statistics.median(times)
+        return ProfileResult(
+            med,
+            med,
+            min(times),
+            None,
+            "interpreter: no CUDA graphs",
+            len(times),
+            0,
+            1,
+            False,
+            "wall clock (Triton interpreter on the CPU; not a device time)",
+            "cpu (interpreter)",
+        )
+    torch = _torch()
+    sets = [checked] + [_fresh_like(checked, 1000 + i) for i in range(max(0, input_sets - 1))]
+    launch, replay, gerr = time_callable(
+        launcher.run_unchecked, sets, warmup=warmup, repeats=repeats, flush_l2=flush_l2, graph=graph
+    )
+    lmed = statistics.median(launch)
+    gmed = statistics.median(replay) if replay else None
+    return ProfileResult(
+        median_us=gmed if gmed is not None else lmed,
+        launch_median_us=lmed,
+        launch_min_us=min(launch),
+        graph_median_us=gmed,
+        graph_error=gerr,
+        repeats=repeats,
+        warmup=warmup,
+        input_sets=len(sets),
+        l2_flush=flush_l2,
+        method="cuda events" + (" + cuda graph replay" if gmed is not None else ""),
+        device=str(torch.cuda.get_device_name(checked[0].device) if checked else "cuda"),
+    )

@@ -1,0 +1,794 @@
+"""KernelPlan → Triton: one ``@triton.jit`` kernel per generated kernel plus a host launcher.
+
+The printed module is plain Python source (Triton needs a real source file for ``@jit``);
+:mod:`yirage_cuda._toolchain` writes it into the cache and imports it. The module exposes
+
+* ``launch(inputs) -> list[torch.Tensor]``: allocates outputs and intermediates on the
+  inputs' device through torch (so the caching allocator serves CUDA-graph captures), runs the
+  kernels in plan order on the current stream; library kernels go through torch
+  (``torch.matmul`` → cuBLAS …). No host synchronisation, so it is CUDA-graph capturable.
+* ``PLAN_HASH``, ``INPUTS`` / ``OUTPUTS`` (dims, dtype per graph input / output), ``KERNELS``
+  (per generated kernel: grid, warps, stages).
+
+Printing rules (docs/kernel-plan.md gives the plan semantics):
+
+* Tile shapes become power-of-two Triton blocks: each tile dim is padded to the next power of
+  two and loads/stores are masked only where padding exists. Dims taking part in a tile
+  matmul (M, N, K) are padded to at least 16 so ``tl.dot`` can use tensor cores. Padding sizes
+  are unified across ops (union-find over tile dims linked by elementwise ops and matmuls),
+  so every op sees operands of consistent block shapes.
+* Padded lanes hold zeros after loads; the printer tracks which ops keep them zero and masks
+  values (0 for sums and matmul contractions, -∞ for running maxima) before any reduction
+  over a padded dim whose lanes may be non-zero.
+* Everything is computed in fp32; loaded 16-bit tiles are fed to ``tl.dot`` as they are
+  (fp32 accumulation), computed fp32 operands of a matmul are rounded to the graph's 16-bit
+  dtype first (or, for fp32 graphs, multiplied with ``input_precision`` from the options).
+* Phases: ``pre`` ops and loop-invariant loads are hoisted before the loop, ``loop`` ops and
+  accumulator updates run in ``tl.range(0, forloop_range, num_stages=NUM_STAGES)``,
+  ``epilogue`` ops and the stores after it. A matmul whose only consumer is an ``iter``
+  accumulator is fused into ``tl.dot(a, b, acc)``.
+* ``safe_softmax`` groups keep a running row max ``m``, compute ``exp(x - m)`` and rescale
+  their accumulators by ``exp(m_old - m_new)``; outputs listed in ``scale_outputs`` are
+  multiplied by ``exp(m)`` before the store (they overflow fp32 once row maxima exceed ≈ 88).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from yirage_cuda._host import fmt_float as _fmt_float
+from yirage_cuda._host import launcher_lines
+from yirage_cuda._plan import (
+    CodegenError,
+    GeneratedKernel,
+    Plan,
+    TileAccess,
+    TileOp,
+    parse_plan,
+)
+
+__all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
+
+#: Bumped whenever the printed code changes; part of every cache key.
+CODEGEN_VERSION = "triton-2"
+
+_TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
+_INT32_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    """Knobs of the printer that are not in the plan.
+
+    ``num_stages``: software-pipelining depth of the for-loop (None: 3 when the loop streams
+    tiles, else 1). ``fp32_dot_precision``: ``input_precision`` of ``tl.dot`` on fp32
+    operands ("ieee", "tf32", "tf32x3"). ``smem_limit``: shared memory per block (bytes) the
+    stage count must respect (None: not checked). ``bf16_dot_as_fp32``: multiply bfloat16
+    tiles as fp32 (the Triton interpreter's ``tl.dot`` is wrong on bfloat16 operands in
+    Triton 3.9, so the interpreter backend sets it; GPUs never need it)."""
+
+    num_stages: int | None = None
+    fp32_dot_precision: str = "ieee"
+    smem_limit: int | None = None
+    bf16_dot_as_fp32: bool = False
+
+    def key(self) -> str:
+        return (
+            f"stages={self.num_stages};fp32dot={self.fp32_dot_precision};smem={self.smem_limit};"
+            f"bf16dot32={self.bf16_dot_as_fp32}"
+        )
+
+
+@dataclass(frozen=True)
+class TritonSource:
+    """Printed Triton module for one plan."""
+
+    text: str
+    plan: Plan
+    options: TritonOptions
+    kernel_names: tuple[str, ...]
+    language: str = "triton"
+    codegen_version: str = CODEGEN_VERSION
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def _np2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# padding classes
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def find(self, x: tuple[int, int]) -> tuple[int, int]:
+        self.parent.setdefault(x, x)
+        root = x
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[x] != root:
+            self.parent[x], x = root, self.parent[x]
+        return root
+
+    def union(self, a: tuple[int, int], b: tuple[int, int]) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+
+def _padded_dims(k: GeneratedKernel) -> dict[int, tuple[int, ...]]:
+    """Padded (power-of-two) block shape of every op's value."""
+    uf = _UnionFind()
+    by_id = {o.id: o for o in k.ops}
+    mma: set[tuple[int, int]] = set()
+    for o in k.ops:
+        for d in range(len(o.dims)):
+            uf.find((o.id, d))
+        args = [by_id[a] for a in o.args]
+        r = len(o.dims)
+        if o.op in ("unary", "rms_norm") or (o.op == "accum" and o.attr("acc") == "iter"):
+            for d in range(r):
+                uf.union((o.id, d), (args[0].id, d))
+        elif o.op == "binary":
+            for d in range(r):
+                for a in args:
+                    if a.dims[d] == o.dims[d]:
+                        uf.union((o.id, d), (a.id, d))
+        elif o.op in ("reduction", "reduction_to_dimx", "concat"):
+            for d in range(r):
+                if d != o.attr("dim"):
+                    for a in args:
+                        uf.union((o.id, d), (a.id, d))
+        elif o.op == "accum":
+            for d in range(r - 1):
+                uf.union((o.id, d), (args[0].id, d))
+        elif o.op == "matmul":
+            a, b = args
+            for d in range(r - 2):
+                uf.union((o.id, d), (a.id, d))
+                uf.union((o.id, d), (b.id, d))
+            uf.union((a.id, r - 1), (b.id, r - 2))  # K
+            uf.union((o.id, r - 2), (a.id, r - 2))  # M
+            uf.union((o.id, r - 1), (b.id, r - 1))  # N
+            mma.update({(a.id, r - 1), (o.id, r - 2), (o.id, r - 1)})
+    size: dict[tuple[int, int], int] = {}
+    for o in k.ops:
+        for d, n in enumerate(o.dims):
+            root = uf.find((o.id, d))
+            size[root] = max(size.get(root, 1), _np2(n))
+    for m in mma:
+        root = uf.find(m)
+        size[root] = max(size[root], 16)
+    return {o.id: tuple(size[uf.find((o.id, d))] for d in range(len(o.dims))) for o in k.ops}
+
+
+# ---------------------------------------------------------------------------------------------
+# values
+
+
+@dataclass
+class _Val:
+    name: str
+    dims: tuple[int, ...]  # logical
+    pdims: tuple[int, ...]  # padded block shape
+    dtype: str  # "float32" (computed) or a buffer dtype (loaded, not yet converted)
+    clean: frozenset[int] = field(default_factory=frozenset)  # dims whose padding holds zeros
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def padded(self, d: int) -> bool:
+        return self.pdims[d] != self.dims[d]
+
+
+def _shape(dims: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _expand(expr: str, d: int, rank: int) -> str:
+    """``expr`` (1-D along dim d) broadcast to rank ``rank``."""
+    if rank == 1:
+        return expr
+    idx = ", ".join(":" if i == d else "None" for i in range(rank))
+    return f"({expr})[{idx}]"
+
+
+class _KernelPrinter:
+    def __init__(self, plan: Plan, k: GeneratedKernel, opts: TritonOptions) -> None:
+        self.plan = plan
+        self.k = k
+        self.opts = opts
+        self.lines: list[str] = []
+        self.indent = 1
+        self.vals: dict[int, _Val] = {}
+        self.pdims = _padded_dims(k)
+        self.tmp = 0
+        self.helpers: set[str] = set()
+        self.by_id = {o.id: o for o in k.ops}
+        self.group_of_exp = {g.exp: i for i, g in enumerate(k.safe_softmax)}
+        self.groups_of_acc: dict[int, list[int]] = {}
+        for i, g in enumerate(k.safe_softmax):
+            for a in g.accums:
+                self.groups_of_acc.setdefault(a, []).append(i)
+        # buffer params, in first-use order
+        self.params: list[int] = []
+        for acc in (*k.inputs, *k.outputs):
+            if acc.buffer not in self.params:
+                self.params.append(acc.buffer)
+        self.invariant = self._invariant_ops()
+        self.fused: dict[int, int] = {}  # accum id -> matmul id fused into tl.dot(a, b, acc)
+        for o in k.ops:
+            if o.op == "accum" and o.attr("acc") == "iter":
+                src = self.by_id[o.args[0]]
+                if (
+                    src.op == "matmul"
+                    and src.phase == "loop"
+                    and src.id not in self.invariant
+                    and [c.id for c in k.consumers(src.id)] == [o.id]
+                    and self.pdims[src.id] == self.pdims[o.id]
+                ):
+                    self.fused[o.id] = src.id
+        self.fused_mm = set(self.fused.values())
+        self._check_groups()
+
+    # -- utilities -------------------------------------------------------------------------
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.indent + line)
+
+    def fresh(self, prefix: str = "v") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp}"
+
+    def _invariant_ops(self) -> set[int]:
+        """Ops whose value is the same in every iteration (hoisted before the loop)."""
+        inv: set[int] = set()
+        for o in self.k.ops:
+            if o.op == "input":
+                if not self.k.inputs[o.attr("input")].uses_iter():
+                    inv.add(o.id)
+            elif o.phase in ("pre", "loop") and all(a in inv for a in o.args):
+                inv.add(o.id)
+        return inv
+
+    def _check_groups(self) -> None:
+        order = {o.id: i for i, o in enumerate(self.k.ops)}
+        for g in self.k.safe_softmax:
+            e = self.by_id[g.exp]
+            for a in g.accums:
+                if order[a] < order[g.exp]:
+                    raise CodegenError(
+                        f"kernel {self.k.name!r}: safe_softmax accumulator {a} is updated "
+                        f"before exp {g.exp}"
+                    )
+                acc_p = self.pdims[a]
+                m_p = (*self.pdims[e.args[0]][:-1], 1)
+                if len(acc_p) != len(m_p) or any(
+                    x != 1 and x != y for x, y in zip(m_p, acc_p, strict=True)
+                ):
+                    raise CodegenError(
+                        f"kernel {self.k.name!r}: safe_softmax row max of shape {list(m_p)} "
+                        "does not "
+                        f"broadcast to accumulator {a} of shape {list(acc_p)}"
+                    )
+            if e.phase == "epilogue" and g.accums:
+                raise CodegenError(
+                    f"kernel {self.k.name!r}: epilogue exp {g.exp} cannot feed accumulators"
+                )
+
+    def f32(self, v: _Val) -> str:
+        return v.name if v.dtype == "float32" else f"{v.name}.to(tl.float32)"
+
+    def arange_mask(self, d: int, v: _Val) -> str:
+        return _expand(f"tl.arange(0, {v.pdims[d]}) < {v.dims[d]}", d, v.rank)
+
+    def masked(self, v: _Val, dims: Sequence[int], fill: str = "0.0", force: bool = False) -> str:
+        """fp32 expression of ``v`` with padded lanes along ``dims`` set to ``fill``."""
+        expr = self.f32(v)
+        conds = [
+            self.arange_mask(d, v) for d in dims if v.padded(d) and (force or d not in v.clean)
+        ]
+        if not conds:
+            return expr
+        return f"tl.where({' & '.join(conds)}, {expr}, {fill})"
+
+    def bind(
+        self, op_id: int, expr: str, dtype: str = "float32", clean: Iterable[int] = ()
+    ) -> _Val:
+        o = self.by_id[op_id]
+        name = f"t{op_id}"
+        pd = self.pdims[op_id]
+        if o.op != "input" and any(n == 1 and p > 1 for n, p in zip(o.dims, pd, strict=True)):
+            # a size-1 dim padded for tl.dot: reductions/broadcasts may yield extent 1 there
+            expr = f"tl.broadcast_to({expr}, {_shape(pd)})"
+        self.emit(f"{name} = {expr}")
+        v = _Val(name, o.dims, pd, dtype, frozenset(clean))
+        self.vals[op_id] = v
+        return v
+
+    def broadcast_operand(self, v: _Val, out_dims: Sequence[int], out_pdims: Sequence[int]) -> str:
+        """fp32 expression of ``v`` ready to broadcast against a result of ``out_dims``: a logical
+        size-1 dim that was padded (it takes part in a matmul) is reduced to its first lane."""
+        expr = self.f32(v)
+        for d in range(v.rank):
+            if v.dims[d] == 1 and v.pdims[d] > 1 and out_dims[d] > 1:
+                first = _expand(f"tl.arange(0, {v.pdims[d]}) == 0", d, v.rank)
+                expr = f"tl.sum(tl.where({first}, {expr}, 0.0), axis={d}, keep_dims=True)"
+            elif v.pdims[d] != out_pdims[d] and v.pdims[d] != 1:
+                raise CodegenError(
+                    f"kernel {self.k.name!r}: operand {v.name} block {list(v.pdims)} does not "
+                    f"broadcast to {list(out_pdims)}"
+                )
+        return expr
+
+    # -- loads and stores ------------------------------------------------------------------
+    def _access(self, acc: TileAccess, pdims: Sequence[int], it: str) -> tuple[str, str | None]:
+        buf = self.plan.buffer(acc.buffer)
+        rank = len(acc.tile)
+        wide = buf.numel > _INT32_LIMIT
+        terms = []
+        masks = []
+        for d in range(rank):
+            parts = []
+            for t in acc.offsets[d]:
+                var = it if t.var == "iter" else t.var
+                if t.stride == 0:
+                    continue
+                if wide:
+                    var = f"{var}.to(tl.int64)" if var != "0" else var
+                parts.append(f"{var} * {t.stride}" if t.stride != 1 else var)
+            ar = f"tl.arange(0, {pdims[d]})"
+            if wide:
+                ar = f"{ar}.to(tl.int64)"
+            idx = f"({' + '.join(parts)} + {ar})" if parts else ar
+            stride = buf.strides[d]
+            if buf.dims[d] == 1 and pdims[d] == 1:
+                continue
+            terms.append(_expand(f"{idx} * {stride}" if stride != 1 else idx, d, rank))
+            if pdims[d] != acc.tile[d]:
+                masks.append(_expand(f"tl.arange(0, {pdims[d]}) < {acc.tile[d]}", d, rank))
+        offs = " + ".join(terms) if terms else "0"
+        ptr = f"buf{acc.buffer} + {offs}"
+        if not terms or all(p == 1 for p in pdims):
+            # scalar-shaped tile: keep the block shape
+            ptr = f"buf{acc.buffer} + ({offs}) + tl.zeros({_shape(pdims)}, tl.int32)"
+        return ptr, (" & ".join(masks) if masks else None)
+
+    def emit_load(self, o: TileOp, it: str) -> None:
+        acc = self.k.inputs[o.attr("input")]
+        buf = self.plan.buffer(acc.buffer)
+        ptr, mask = self._access(acc, self.pdims[o.id], it)
+        if mask:
+            expr = f"tl.load({ptr}, mask={mask}, other=0.0)"
+        else:
+            expr = f"tl.load({ptr})"
+        self.bind(o.id, expr, dtype=buf.dtype, clean=range(len(o.dims)))
+
+    def emit_store(self, idx: int, acc: TileAccess) -> None:
+        buf = self.plan.buffer(acc.buffer)
+        v = self.vals[acc.src]  # type: ignore[index]
+        expr = self.f32(v)
+        for gi, g in enumerate(self.k.safe_softmax):
+            if idx in g.scale_outputs:
+                expr = f"({expr}) * tl.exp(m{gi})"
+        ptr, mask = self._access(acc, v.pdims, "0")
+        val = f"({expr}).to({_TL_DTYPE[buf.dtype]})"
+        if mask:
+            self.emit(f"tl.store({ptr}, {val}, mask={mask})")
+        else:
+            self.emit(f"tl.store({ptr}, {val})")
+
+    # -- ops -------------------------------------------------------------------------------
+    def dot_operands(self, o: TileOp) -> tuple[str, str, str, list[int]]:
+        """(a, b, extra kwargs, batch pdims) for a tile matmul."""
+        a, b = (self.vals[x] for x in o.args)
+        r = a.rank
+        ea = self.masked(a, [r - 1]) if a.padded(r - 1) and (r - 1) not in a.clean else None
+        eb = self.masked(b, [r - 2]) if b.padded(r - 2) and (r - 2) not in b.clean else None
+        low = {"float16", "bfloat16"}
+        if self.opts.bf16_dot_as_fp32:
+            low = {"float16"}
+        if ea is None and eb is None and a.dtype == b.dtype and a.dtype in low:
+            xa, xb, kw = a.name, b.name, ""
+        else:
+            target = (
+                a.dtype
+                if a.dtype in low
+                else b.dtype
+                if b.dtype in low
+                else self.plan.compute_dtype
+            )
+            if target not in low:
+                target = "float32"
+            xa = ea if ea is not None else (a.name if a.dtype == target else self.f32(a))
+            xb = eb if eb is not None else (b.name if b.dtype == target else self.f32(b))
+            if target in low:
+                if not (ea is None and a.dtype == target):
+                    xa = f"({xa}).to({_TL_DTYPE[target]})"
+                if not (eb is None and b.dtype == target):
+                    xb = f"({xb}).to({_TL_DTYPE[target]})"
+                kw = ""
+            else:
+                kw = f", input_precision={self.opts.fp32_dot_precision!r}"
+        batch = list(a.pdims[:-2])
+        return xa, xb, kw, batch
+
+    def dot_expr(self, o: TileOp, acc: str | None) -> str:
+        xa, xb, kw, batch = self.dot_operands(o)
+        a, b = (self.vals[x] for x in o.args)
+        m, kk = a.pdims[-2:]
+        n = b.pdims[-1]
+        out = self.pdims[o.id]
+        nb = math.prod(batch)
+        if len(batch) == 0:
+            return f"tl.dot({xa}, {xb}{', ' + acc if acc else ''}{kw})"
+        if nb == 1:
+            a2, b2 = f"tl.reshape({xa}, [{m}, {kk}])", f"tl.reshape({xb}, [{kk}, {n}])"
+            c2 = f", tl.reshape({acc}, [{m}, {n}])" if acc else ""
+        elif len(batch) == 1:
+            a2, b2 = xa, xb
+            c2 = f", {acc}" if acc else ""
+            return f"tl.dot({a2}, {b2}{c2}{kw})"
+        else:
+            a2, b2 = f"tl.reshape({xa}, [{nb}, {m}, {kk}])", f"tl.reshape({xb}, [{nb}, {kk}, {n}])"
+            c2 = f", tl.reshape({acc}, [{nb}, {m}, {n}])" if acc else ""
+        return f"tl.reshape(tl.dot({a2}, {b2}{c2}{kw}), {_shape(out)})"
+
+    def emit_compute(self, o: TileOp, it: str) -> None:
+        kind = o.op
+        if kind == "input":
+            self.emit_load(o, it)
+        elif kind == "matmul":
+            if o.id in self.fused_mm:
+                return
+            a, b = (self.vals[x] for x in o.args)
+            r = a.rank
+            clean = [d for d in range(r - 2) if d in a.clean and d in b.clean]
+            if (r - 2) in a.clean:
+                clean.append(r - 2)
+            if (r - 1) in b.clean:
+                clean.append(r - 1)
+            self.bind(o.id, self.dot_expr(o, None), clean=clean)
+        elif kind == "unary":
+            self.emit_unary(o)
+        elif kind == "binary":
+            self.emit_binary(o)
+        elif kind == "reduction":
+            x = self.vals[o.args[0]]
+            d = o.attr("dim")
+            keep = [i for i in x.clean if i != d]
+            self.bind(o.id, f"tl.sum({self.masked(x, [d])}, axis={d}, keep_dims=True)", clean=keep)
+        elif kind == "reduction_to_dimx":
+            x = self.vals[o.args[0]]
+            d = o.attr("dim")
+            self.bind(
+                o.id,
+                self.to_dimx(x, d, o.attr("dimx"), self.pdims[o.id][d]),
+                clean=[i for i in x.clean if i != d],
+            )
+        elif kind == "rms_norm":
+            x = self.vals[o.args[0]]
+            r = x.rank
+            xs = self.fresh("x")
+            self.emit(f"{xs} = {self.f32(x)}")
+            sq = self.masked(_Val(f"({xs} * {xs})", x.dims, x.pdims, "float32", x.clean), [r - 1])
+            ms = f"tl.sum({sq}, axis={r - 1}, keep_dims=True) / {x.dims[-1]}"
+            eps = _fmt_float(o.attr("eps"))
+            self.bind(
+                o.id, f"{xs} / tl.sqrt({ms} + {eps})", clean=[i for i in x.clean if i != r - 1]
+            )
+        elif kind == "concat":
+            self.emit_concat(o)
+        else:  # pragma: no cover - validated by the parser
+            raise CodegenError(f"kernel {self.k.name!r}: cannot print op {kind!r}")
+
+    def emit_unary(self, o: TileOp) -> None:
+        x = self.vals[o.args[0]]
+        name = o.attr("unop")
+        p = o.attr("params")
+        if o.id in self.group_of_exp:
+            self.emit_safe_exp(o, x)
+            return
+        xe = self.f32(x)
+        if name not in ("neg", "mul_scalar", "relu", "square") and not xe.isidentifier():
+            tmp = self.fresh("x")
+            self.emit(f"{tmp} = {xe}")
+            xe = tmp
+        zero_safe = {"square", "sqrt", "silu", "gelu", "relu", "tanh", "neg", "mul_scalar"}
+        exprs = {
+            "exp": f"tl.exp({xe})",
+            "square": f"{xe} * {xe}",
+            "sqrt": f"tl.sqrt({xe})",
+            "rsqrt": f"tl.rsqrt({xe})",
+            "silu": f"{xe} * tl.sigmoid({xe})",
+            "gelu": f"0.5 * {xe} * (1.0 + tl.erf({xe} * 0.7071067811865476))",
+            "relu": f"tl.maximum({xe}, 0.0)",
+            "sigmoid": f"tl.sigmoid({xe})",
+            "tanh": f"2.0 * tl.sigmoid(2.0 * {xe}) - 1.0",
+            "neg": f"-{xe}",
+            "mul_scalar": f"{xe} * {_fmt_float(p[0]) if p else '1.0'}",
+            "clamp": (
+                f"tl.minimum(tl.maximum({xe}, {_fmt_float(p[0])}), {_fmt_float(p[1])})"
+                if len(p) == 2
+                else xe
+            ),
+        }
+        clean = x.clean if name in zero_safe else frozenset()
+        if name == "clamp" and len(p) == 2 and p[0] <= 0.0 <= p[1]:
+            clean = x.clean
+        self.bind(o.id, exprs[name], clean=clean)
+
+    def emit_binary(self, o: TileOp) -> None:
+        a, b = (self.vals[x] for x in o.args)
+        out_p = self.pdims[o.id]
+        ea = self.broadcast_operand(a, o.dims, out_p)
+        eb = self.broadcast_operand(b, o.dims, out_p)
+        name = o.attr("binop")
+        sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+        if name == "pow":
+            self.helpers.add("pow")
+            expr = f"_yr_pow({ea}, {eb})"
+        else:
+            expr = f"({ea}) {sym[name]} ({eb})"
+
+        def contrib(v: _Val, d: int) -> bool:
+            return v.dims[d] == o.dims[d] and d in v.clean
+
+        clean = []
+        for d in range(len(o.dims)):
+            ca, cb = contrib(a, d), contrib(b, d)
+            if (name == "mul" and (ca or cb)) or (name in ("add", "sub") and ca and cb):
+                clean.append(d)
+        self.bind(o.id, expr, clean=clean)
+
+    def to_dimx(self, x: _Val, d: int, dimx: int, out_pd: int) -> str:
+        n = x.dims[d]
+        groups = n // dimx
+        gp = x.pdims[d] // dimx if x.pdims[d] % dimx == 0 else 0
+        if dimx == _np2(dimx) and out_pd == dimx and gp and _np2(groups) == gp:
+            xs = self.masked(x, [d])
+            shape = [*x.pdims[:d], gp, dimx, *x.pdims[d + 1 :]]
+            return f"tl.sum(tl.reshape({xs}, {_shape(shape)}), axis={d})"
+        if d != x.rank - 1:
+            raise CodegenError(
+                f"kernel {self.k.name!r}: reduction to dimx {dimx} of a non-power-of-two tile "
+                f"along dim {d} (not the last) is not supported by the Triton printer"
+            )
+        p = x.pdims[d]
+        xs = self.masked(x, [d])
+        sel = (
+            f"((tl.arange(0, {p})[:, None] % {dimx}) == tl.arange(0, {out_pd})[None, :]) & "
+            f"(tl.arange(0, {p})[:, None] < {n})"
+        )
+        lead = ", ".join(":" for _ in range(x.rank))
+        sel_b = "(" + sel + ")[" + ", ".join("None" for _ in range(x.rank - 1)) + ", :, :]"
+        return f"tl.sum(tl.where({sel_b}, ({xs})[{lead}, None], 0.0), axis={x.rank - 1})"
+
+    def emit_concat(self, o: TileOp) -> None:
+        d = o.attr("dim")
+        parts = [self.vals[a] for a in o.args]
+        out_p = self.pdims[o.id]
+        rank = len(o.dims)
+        idx = self.fresh("ci")
+        self.emit(
+            f"{idx} = tl.broadcast_to("
+            f"{_expand(f'tl.arange(0, {out_p[d]})', d, rank)}, {_shape(out_p)})"
+        )
+        expr = None
+        start = 0
+        pieces = []
+        for v in parts:
+            src = self.f32(v)
+            index = f"tl.minimum(tl.maximum({idx} - {start}, 0), {v.pdims[d] - 1})"
+            gathered = f"tl.gather({src}, {index}, {d})"
+            pieces.append((start, start + v.dims[d], gathered))
+            start += v.dims[d]
+        expr = pieces[-1][2]
+        for lo, hi, g in reversed(pieces[:-1]):
+            expr = f"tl.where({idx} < {hi}, {g}, {expr})"
+            del lo
+        self.bind(o.id, expr)
+
+    # -- safe softmax ----------------------------------------------------------------------
+    def emit_safe_exp(self, o: TileOp, x: _Val) -> None:
+        gi = self.group_of_exp[o.id]
+        r = x.rank
+        xs = self.fresh("x")
+        self.emit(f"{xs} = {self.f32(x)}")
+        xv = _Val(xs, x.dims, x.pdims, "float32", x.clean)
+        xm = self.masked(xv, [r - 1], fill=_fmt_float(-math.inf), force=True)
+        rowmax = f"tl.max({xm}, axis={r - 1}, keep_dims=True)"
+        if o.phase == "loop" and o.id not in self.invariant:
+            self.emit(f"mn{gi} = tl.maximum(m{gi}, {rowmax})")
+            self.emit(f"alpha{gi} = tl.exp(m{gi} - mn{gi})")
+            self.emit(f"m{gi} = mn{gi}")
+        else:
+            self.emit(f"m{gi} = {rowmax}")
+        self.bind(o.id, f"tl.exp({xs} - m{gi})")
+
+    def rescaled(self, acc_id: int, acc: str) -> str:
+        for gi in self.groups_of_acc.get(acc_id, []):
+            e = self.by_id[self.k.safe_softmax[gi].exp]
+            if e.phase == "loop" and e.id not in self.invariant:
+                acc = f"{acc} * alpha{gi}"
+        return acc
+
+    # -- accumulators ----------------------------------------------------------------------
+    def emit_accum_update(self, o: TileOp) -> None:
+        name = f"acc{o.id}"
+        kind = o.attr("acc")
+        if o.id in self.fused:
+            mm = self.by_id[self.fused[o.id]]
+            self.emit(f"{name} = {self.dot_expr(mm, self.rescaled(o.id, name))}")
+            return
+        x = self.vals[o.args[0]]
+        r = x.rank
+        if kind == "iter":
+            upd = self.f32(x)
+        elif kind == "sum":
+            upd = f"tl.sum({self.masked(x, [r - 1])}, axis={r - 1}, keep_dims=True)"
+        elif kind == "rms":
+            xs = self.fresh("x")
+            self.emit(f"{xs} = {self.f32(x)}")
+            sq = self.masked(_Val(f"({xs} * {xs})", x.dims, x.pdims, "float32", x.clean), [r - 1])
+            upd = f"tl.sum({sq}, axis={r - 1}, keep_dims=True)"
+        else:
+            upd = self.to_dimx(x, r - 1, o.attr("dimx"), self.pdims[o.id][-1])
+        self.emit(f"{name} = {self.rescaled(o.id, name)} + {upd}")
+
+    def finish_accum(self, o: TileOp) -> None:
+        name = f"acc{o.id}"
+        src = self.vals.get(o.args[0]) if o.id not in self.fused else None
+        clean: list[int] = []
+        if src is not None:
+            clean = [d for d in src.clean if d < len(o.dims) - 1 or o.attr("acc") == "iter"]
+        if o.attr("acc") == "rms":
+            eps = _fmt_float(o.attr("eps"))
+            self.bind(o.id, f"tl.sqrt({name} / {o.attr('extent')} + {eps})")
+        else:
+            self.vals[o.id] = _Val(name, o.dims, self.pdims[o.id], "float32", frozenset(clean))
+
+    # -- kernel ----------------------------------------------------------------------------
+    def stages(self) -> int:
+        if self.opts.num_stages is not None:
+            return self.opts.num_stages
+        streams = any(a.uses_iter() for a in self.k.inputs)
+        if self.k.forloop_range <= 1 or not streams:
+            return 1
+        st = 3
+        if self.opts.smem_limit and self.k.smem_bytes:
+            st = max(1, min(st, self.opts.smem_limit // max(1, self.k.smem_bytes)))
+        return st
+
+    def print(self) -> list[str]:
+        k = self.k
+        params = ", ".join(f"buf{b}" for b in self.params)
+        head = [
+            "@triton.jit",
+            f"def {k.name}({params}, NUM_STAGES: tl.constexpr):",
+        ]
+        self.emit(
+            f"# grid {list(k.grid)}, forloop {k.forloop_range}, {k.warps} warps, "
+            f"plan smem {k.smem_bytes} B"
+        )
+        self.emit("bx = tl.program_id(0)")
+        self.emit("by = tl.program_id(1)")
+        self.emit("bz = tl.program_id(2)")
+        loop_ops = [
+            o
+            for o in k.ops
+            if o.id not in self.invariant and o.phase != "pre" and o.phase in ("loop", "accum")
+        ]
+        hoisted = [
+            o
+            for o in k.ops
+            if (o.id in self.invariant or o.phase == "pre") and o.id not in self.fused_mm
+        ]
+        # loop-invariant values the loop needs are computed before it; those only the
+        # epilogue reads are computed after it (shorter live ranges, fewer registers)
+        needed: set[int] = set()
+        for o in reversed(k.ops):
+            if o in loop_ops or o.id in needed:
+                needed.update(o.args)
+        before = [o for o in hoisted if o.id in needed]
+        after = [o for o in hoisted if o.id not in needed]
+        for o in before:
+            self.emit_compute(o, "0")
+        for gi, g in enumerate(k.safe_softmax):
+            e = self.by_id[g.exp]
+            if e.phase == "loop" and e.id not in self.invariant:
+                m_shape = (*self.pdims[e.args[0]][:-1], 1)
+                self.emit(f"m{gi} = tl.full({_shape(m_shape)}, float('-inf'), tl.float32)")
+        for o in k.ops:
+            if o.op == "accum":
+                self.emit(f"acc{o.id} = tl.zeros({_shape(self.pdims[o.id])}, tl.float32)")
+        if loop_ops:
+            if k.forloop_range == 1:
+                self.emit("it = 0")
+            else:
+                self.emit(f"for it in tl.range(0, {k.forloop_range}, num_stages=NUM_STAGES):")
+                self.indent += 1
+            for o in loop_ops:
+                if o.op == "accum":
+                    self.emit_accum_update(o)
+                else:
+                    self.emit_compute(o, "it")
+            if k.forloop_range != 1:
+                self.indent -= 1
+        for o in after:
+            self.emit_compute(o, "0")
+        for o in k.ops:
+            if o.op == "accum":
+                self.finish_accum(o)
+            elif o.phase == "epilogue":
+                self.emit_compute(o, "0")
+        for i, out in enumerate(k.outputs):
+            self.emit_store(i, out)
+        return head + self.lines
+
+
+_HELPERS = {
+    "pow": [
+        "@triton.jit",
+        "def _yr_pow(x, y):",
+        "    # real power: |x|**y, sign for integral y, nan for negative x with non-integral y",
+        "    r = tl.exp2(y * tl.log2(tl.abs(x)))",
+        "    integral = tl.floor(y) == y",
+        "    odd = integral & (tl.floor(y * 0.5) * 2.0 != y)",
+        "    r = tl.where(x < 0.0, tl.where(integral, tl.where(odd, -r, r), float('nan')), r)",
+        "    return tl.where(y == 0.0, 1.0, r)",
+    ]
+}
+
+
+def generate_triton(plan: object, options: TritonOptions | None = None) -> TritonSource:
+    """Print ``plan`` (any form :func:`parse_plan` accepts) as a Triton module."""
+    p = parse_plan(plan)
+    opts = options or TritonOptions()
+    out: list[str] = [
+        f"# Generated by yirage-cuda ({CODEGEN_VERSION}) from KernelPlan "
+        f"{p.graph_hash or '<unhashed>'}.",
+        "# Do not edit: regenerated from the plan. Semantics: docs/kernel-plan.md.",
+        "import torch",
+        "import triton",
+        "import triton.language as tl",
+        "",
+        f"PLAN_HASH = {p.graph_hash!r}",
+        f"INPUTS = {[(tuple(b.dims), b.dtype) for b in p.inputs]!r}",
+        f"OUTPUTS = {[(tuple(b.dims), b.dtype) for b in p.outputs]!r}",
+    ]
+    kernel_blocks: list[list[str]] = []
+    kinfo: dict[str, dict[str, object]] = {}
+    helpers: set[str] = set()
+    printers: dict[str, _KernelPrinter] = {}
+    for k in p.generated:
+        pr = _KernelPrinter(p, k, opts)
+        kernel_blocks.append(pr.print())
+        helpers |= pr.helpers
+        printers[k.name] = pr
+        kinfo[k.name] = {"grid": list(k.grid), "num_warps": k.warps, "num_stages": pr.stages()}
+    out.append(f"KERNELS = {kinfo!r}")
+    out.append("")
+    for h in sorted(helpers):
+        out += ["", *_HELPERS[h], ""]
+    for block in kernel_blocks:
+        out += ["", *block, ""]
+
+    def launch_line(k: GeneratedKernel, names: dict[int, str]) -> list[str]:
+        args = ", ".join(names[b] for b in printers[k.name].params)
+        return [
+            f"st = KERNELS[{k.name!r}]['num_stages']  # lowered by the runtime if smem runs out",
+            f"{k.name}[{tuple(k.grid)}]({args}, NUM_STAGES=st, num_warps={k.warps}, num_stages=st)",
+        ]
+
+    out += ["", *launcher_lines(p, launch_line), ""]
+    return TritonSource("\n".join(out), p, opts, tuple(printers))

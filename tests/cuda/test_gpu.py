@@ -1,0 +1,203 @@
+"""GPU tests (``pytest -m cuda tests/cuda``; skipped without a GPU unless
+YIRAGE_REQUIRE_DEVICE=1): every variant (Triton, CUDA C++ with tensor-core MMA, CUDA C++
+with FMA) of every fixture plan on the device against float64 references; the TARGETS.md
+workloads at full size in fp16 against an fp32 reference; profiling with CUDA events and
+CUDA-graph replay; and, once the search is available, every candidate it emits."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import numpy as np
+import plans
+import pytest
+
+pytestmark = pytest.mark.cuda
+
+TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 2e-2}
+DTYPES = ("float32", "float16", "bfloat16")
+SMALL = [(dt, c) for dt in DTYPES for c in plans.small_cases(dt)]
+VARIANTS = ("triton", "cuda-mma", "cuda-fma")
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape
+    if not np.isfinite(a).all():
+        return float("inf")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def build(variant: str, plan: dict[str, Any]) -> Any:
+    """(backend, kernel) with ``variant`` active: "triton", "cuda-mma" or "cuda-fma"."""
+    from yirage_cuda import CudaBackend, _toolchain
+    from yirage_cuda._cuda_codegen import CudaCppOptions
+
+    copts = None
+    if variant != "triton":
+        info = _toolchain.device_info()
+        assert info is not None
+        copts = CudaCppOptions(
+            arch=info.arch, smem_limit=info.smem_per_block_optin, use_mma=variant == "cuda-mma"
+        )
+    be = CudaBackend(cuda_cpp=variant != "triton", cuda_options=copts)
+    art = be.compile(be.codegen(plan))
+    kernel = be.load(art)
+    if variant != "triton":
+        if "cuda" not in kernel.variants:
+            pytest.fail(f"CUDA C++ variant did not build: {art.cuda_error or kernel.notes}")
+        kernel.variant = "cuda"
+    return be, kernel
+
+
+def run(
+    be: Any, kernel: Any, case: plans.Case, seed: int = 0
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    xs = case.random_inputs(seed)
+    tensors = be.from_numpy([x.astype(np.float32) for x in xs], [d for _, d in case.inputs])
+    outs = kernel(*tensors)
+    import torch
+
+    torch.cuda.synchronize()
+    for o in outs:
+        assert o.device == tensors[0].device
+    return [o.double().cpu().numpy() for o in outs], [t.double().cpu().numpy() for t in tensors]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype,case", SMALL, ids=[f"{dt}-{c.name}" for dt, c in SMALL])
+def test_fixtures_on_the_gpu(gpu: Any, variant: str, dtype: str, case: plans.Case) -> None:
+    be, kernel = build(variant, case.plan)
+    outs, xs = run(be, kernel, case)
+    for o, r in zip(outs, case.reference(*xs), strict=True):
+        assert rel_err(o, r) <= TOL[dtype]
+
+
+TARGETS = plans.target_cases("float16")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", TARGETS, ids=[c.name for c in TARGETS])
+def test_targets_full_size_fp16(gpu: Any, variant: str, case: plans.Case) -> None:
+    """fp16 kernels against an fp32 reference on the same (fp16-rounded) inputs."""
+    import torch
+
+    from yirage._workloads import get_workload
+
+    _, kernel = build(variant, case.plan)
+    wl = get_workload(case.workload or "")
+    tensors = wl.inputs(case.preset or "gpu", device="cuda", seed=1)
+    outs = kernel(*tensors)
+    ref = wl.reference(*[t.float() for t in tensors])
+    torch.cuda.synchronize()
+    for o, r in zip(outs, ref, strict=True):
+        assert o.dtype == torch.float16 and tuple(o.shape) == tuple(r.shape)
+        err = float((o.float() - r).norm() / r.norm())
+        assert err <= 1e-2, err
+
+
+def test_profile_graph_replay_and_variant_choice(gpu: Any) -> None:
+    case = TARGETS[1]  # rmsnorm_linear_b8
+    from yirage._workloads import get_workload
+
+    kernel = gpu.load(gpu.compile(gpu.codegen(case.plan)))
+    tensors = get_workload("rmsnorm_linear").inputs("gpu", device="cuda")
+    prof = gpu.profile(kernel, tensors, repeats=20, warmup=5)
+    assert prof.graph_median_us is not None and 0 < prof.graph_median_us < 1e5, prof
+    assert prof.graph_error is None
+    assert kernel.variant in kernel.timings
+    if "cuda" in kernel.variants:
+        assert set(kernel.timings) == {"triton", "cuda"} or kernel.notes
+    again = gpu.load(gpu.compile(gpu.codegen(case.plan)))
+    assert again.variant == kernel.variant  # the choice is remembered per plan and device
+
+
+def test_cuda_graph_capture_and_streams(gpu: Any) -> None:
+    import torch
+
+    case = plans.gqa_decode(dtype="float16")
+    kernel = gpu.load(gpu.compile(gpu.codegen(case.plan)))
+    static = gpu.random_inputs(kernel.input_specs, seed=1)
+    expect = [o.clone() for o in kernel(*static)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernel.run_unchecked(static)  # warm-up off the default stream, as capture requires
+        on_side = kernel(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernel.run_unchecked(static)
+    fresh = gpu.random_inputs(kernel.input_specs, seed=2)
+    for s, f in zip(static, fresh, strict=True):
+        s.copy_(f)
+    graph.replay()
+    direct = kernel(*fresh)
+    torch.cuda.synchronize()
+    for a, b in zip(on_side, expect, strict=True):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3)
+    for a, b in zip(captured, direct, strict=True):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_inputs_on_another_device_or_cpu_are_refused(gpu: Any) -> None:
+    import torch
+
+    from yirage_cuda._runtime import InputError
+
+    case = plans.rmsnorm_linear(dtype="float16")
+    kernel = gpu.load(gpu.compile(gpu.codegen(case.plan)))
+    xs = gpu.random_inputs(kernel.input_specs)
+    with pytest.raises(InputError, match=r"\.cuda\(\)"):
+        kernel(xs[0].cpu(), xs[1])
+    if torch.cuda.device_count() > 1:
+        with pytest.raises(InputError, match="one device"):
+            kernel(xs[0], xs[1].to("cuda:1"))
+
+
+def test_self_check_on_hardware(gpu: Any) -> None:
+    import yirage_cuda
+
+    result = yirage_cuda.self_check(interpret=False, record=False)
+    assert result["passed"], result
+    assert {k.split("/")[1] for k in result["checks"]} >= {"triton"}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("yirage._search") is None, reason="yr.search not available yet"
+)
+@pytest.mark.parametrize(
+    "name", ["rmsnorm_linear", "gated_mlp", "lora", "gqa_decode", "qknorm_gqa"]
+)
+def test_superoptimize_full_size_every_candidate_runs(gpu: Any, name: str) -> None:
+    import yirage as yr
+    from yirage._workloads import get_workload
+
+    wl = get_workload(name)
+    kernel = yr.superoptimize(wl.graph("gpu"), backend=gpu, top_k=8, cache=False, time_limit=15)
+    bad = [c for c in kernel.report.candidates if c.status == "error"]
+    assert not bad, "\n".join(f"#{c.index}: {c.error}" for c in bad)
+    tensors = wl.inputs("gpu", device="cuda", seed=3)
+    ref = wl.reference(*[t.float() for t in tensors])
+    for o, r in zip(kernel(*tensors), ref, strict=True):
+        assert float((o.float() - r).norm() / r.norm()) <= 1e-2
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_misaligned_contiguous_views(gpu: Any, variant: str) -> None:
+    """A contiguous view at an odd offset is not 16-byte aligned: results must not change."""
+    import torch
+
+    case = plans.gated_mlp(dtype="float16")
+    _, kernel = build(variant, case.plan)
+    xs = gpu.random_inputs(kernel.input_specs, seed=4)
+    shifted = []
+    for x in xs:
+        flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+        view = flat[1:].view(x.shape)
+        view.copy_(x)
+        assert view.is_contiguous() and view.data_ptr() % 16 != 0
+        shifted.append(view)
+    a, b = kernel(*xs)[0], kernel(*shifted)[0]
+    torch.cuda.synchronize()
+    assert torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3)

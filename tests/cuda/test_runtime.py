@@ -1,0 +1,145 @@
+"""Runtime input checks (no GPU needed: they fire before any launch) and the backend API:
+probe, DeviceSpec, codegen/compile/load/profile in interpreter mode, the verification level
+as a function of records, and the cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plans
+import pytest
+from conftest import needs_triton
+
+import yirage as yr
+from yirage_cuda import _verification
+from yirage_cuda._runtime import InputError, check_inputs
+
+pytestmark = needs_triton
+
+SPECS = [((8, 512), "float16"), ((512, 768), "float16")]
+
+
+def torch() -> Any:
+    import torch as t
+
+    return t
+
+
+def test_cpu_tensors_are_refused_with_the_fix() -> None:
+    t = torch()
+    xs = [t.zeros(8, 512, dtype=t.float16), t.zeros(512, 768, dtype=t.float16)]
+    with pytest.raises(InputError, match=r"input 0 is on cpu.*\.cuda\(\).*backend='cpu'"):
+        check_inputs(xs, SPECS)
+
+
+def test_numpy_arrays_are_refused() -> None:
+    with pytest.raises(InputError, match=r"numpy\.ndarray.*torch tensors.*backend='cpu'"):
+        check_inputs([np.zeros((8, 512)), np.zeros((512, 768))], SPECS)
+
+
+def test_wrong_dtype_shape_count_layout() -> None:
+    t = torch()
+    good = [t.zeros(8, 512, dtype=t.float16), t.zeros(512, 768, dtype=t.float16)]
+    check_inputs(good, SPECS, interpret=True)
+    with pytest.raises(
+        yr.DTypeError, match=r"input 1 has dtype torch.float32.*\.to\(torch.float16\)"
+    ):
+        check_inputs([good[0], good[1].float()], SPECS, interpret=True)
+    with pytest.raises(yr.ShapeError, match=r"input 0 has shape \(8, 256\).*\(8, 512\)"):
+        check_inputs([t.zeros(8, 256, dtype=t.float16), good[1]], SPECS, interpret=True)
+    with pytest.raises(InputError, match="takes 2 input tensors, got 1"):
+        check_inputs(good[:1], SPECS, interpret=True)
+    with pytest.raises(InputError, match=r"not contiguous.*\.contiguous\(\)"):
+        check_inputs([good[0], t.zeros(768, 512, dtype=t.float16).T], SPECS, interpret=True)
+
+
+def test_gpu_launcher_refuses_cpu_tensors_before_launching() -> None:
+    from yirage_cuda import CudaBackend
+
+    be = CudaBackend()  # GPU mode: loads the module (no GPU needed until a launch)
+    case = plans.rmsnorm_linear(dtype="float16")
+    kernel = be.load(be.compile(be.codegen(case.plan)))
+    t = torch()
+    xs = [t.zeros(d, dtype=t.float16) for d, _ in case.inputs]
+    with pytest.raises(InputError, match=r"\.cuda\(\)"):
+        kernel(*xs)
+    with pytest.raises(InputError, match="either positionally or as inputs"):
+        kernel(xs[0], inputs=xs)
+
+
+def test_interpreter_mode_backend_api(interp: Any) -> None:
+    probe = interp.probe()
+    assert probe.available and "interpreter" in probe.reason
+    spec = interp.device_spec()
+    assert spec.arch == "sm_90"
+    assert interp.codegen_implemented
+    case = plans.gated_mlp()
+    src = interp.codegen(case.plan)
+    assert src.cuda is not None and 'extern "C" YR_GLOBAL' in (src.cuda_code or "")
+    art = interp.compile(src)
+    again = interp.compile(interp.codegen(case.plan))
+    assert again.cache_hit and again.triton_path == art.triton_path
+    kernel = interp.load(art)
+    assert set(kernel.variants) == {"triton"}  # the C++ variant needs a GPU
+    tensors = interp.random_inputs(kernel.input_specs)
+    outs = kernel(inputs=tensors)
+    assert [tuple(o.shape) for o in outs] == [(8, 512)]
+    prof = interp.profile(kernel, tensors, repeats=2)
+    assert prof.median_us > 0 and "interpreter" in prof.method
+
+
+def test_verification_level_follows_records(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from yirage_cuda import CudaBackend
+
+    monkeypatch.setenv("YIRAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_verification, "shipped_records", lambda: [])
+    be = CudaBackend(interpret=True)
+    assert be.verification_level is yr.VerificationLevel.GENERATED
+    _verification.record("HARDWARE", "test", arch="sm_90", device="H100")
+    # a hardware record does not count without the hardware
+    assert be.verification_level is yr.VerificationLevel.GENERATED
+    _verification.record("EMULATED", "test")
+    assert be.verification_level is yr.VerificationLevel.EMULATED
+    monkeypatch.setattr(CudaBackend, "_gpu_arch", lambda self: "sm_90")
+    assert CudaBackend().verification_level is yr.VerificationLevel.HARDWARE
+    monkeypatch.setattr(CudaBackend, "_gpu_arch", lambda self: "sm_80")
+    assert CudaBackend().verification_level is yr.VerificationLevel.EMULATED
+
+
+def test_shipped_record_states_the_release_level() -> None:
+    recs = _verification.shipped_records()
+    assert recs, "yirage_cuda/_verification.json must ship with the package"
+    assert {r["level"] for r in recs} <= {"HARDWARE", "EMULATED", "COMPILED"}
+    assert all(r.get("summary") for r in recs)
+
+
+def test_self_check_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import yirage_cuda
+
+    monkeypatch.setenv("YIRAGE_CACHE_DIR", str(tmp_path))
+    result = yirage_cuda.self_check(interpret=True)
+    assert result["passed"], result
+    assert result["record"]["level"] == "EMULATED"
+    assert any(r["level"] == "EMULATED" for r in _verification.local_records())
+
+
+def test_registered_backend(fresh_registry: None) -> None:
+    info = yr.get_backend_info("cuda")
+    assert info.installed and info.codegen_implemented
+    assert info.verification_level is not yr.VerificationLevel.NONE
+
+
+def test_interpreted_and_compiled_kernels_mix_in_one_process(interp: Any) -> None:
+    """Interpreter runs leave Triton usable for GPU compilation and vice versa."""
+    from yirage_cuda import _toolchain
+
+    case = plans.zoo_odd()
+    kernel = interp.load(interp.compile(interp.codegen(case.plan)))
+    src = interp.codegen(plans.rmsnorm_linear().plan)
+    path = _toolchain.write_triton_module(src.triton.text, src.triton.codegen_version)
+    module = _toolchain.load_triton_module(path, interpret=False)
+    dtypes = {b.id: b.dtype for b in src.plan.buffers}
+    for _ in range(2):
+        kernel(*interp.random_inputs(kernel.input_specs))
+        assert _toolchain.aot_compile_triton(module, dtypes)["rms_mm"]["cubin_bytes"] > 0
