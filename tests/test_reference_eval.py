@@ -203,7 +203,7 @@ def test_accumulators(rng: np.random.Generator) -> None:
     _close(got, np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps))
 
     got = _block_graph_eval(x, lambda tb, b: tb.forloop_accum(b, "sum_todimx"), **kw)
-    _close(got, slices.sum(axis=1).reshape(4, 4, 2).sum(axis=2))  # groups of 2 down to 4
+    _close(got, slices.sum(axis=1).reshape(4, 2, 4).sum(axis=1))  # strided groups down to 4
 
 
 def test_block_ops_after_loop(rng: np.random.Generator) -> None:
@@ -215,5 +215,5 @@ def test_block_ops_after_loop(rng: np.random.Generator) -> None:
         return tb.rms_norm(tb.reduction_to_dimx(tb.sqrt(acc), 1), eps=0.5)
 
     got = _block_graph_eval(x, build, **kw)
-    acc = np.sqrt(np.exp(x).reshape(4, 2, 8).sum(axis=1)).reshape(4, 4, 2).sum(axis=2)
+    acc = np.sqrt(np.exp(x).reshape(4, 2, 8).sum(axis=1)).reshape(4, 2, 4).sum(axis=1)
     _close(got, acc / np.sqrt(np.mean(acc * acc, axis=-1, keepdims=True) + 0.5))

@@ -62,7 +62,7 @@ pub enum BlockOpKind {
         x: TileId,
         dim: usize,
     },
-    /// Sum `dim` in contiguous groups down to `reduction_dimx`.
+    /// Sum `dim` in strided groups (out[j] = Σ_g x[g·dimx + j]) down to `reduction_dimx`.
     ReductionToDimx {
         x: TileId,
         dim: usize,
@@ -417,7 +417,7 @@ impl BlockGraph {
         )
     }
 
-    /// Sum `dim` in contiguous groups down to `reduction_dimx` elements.
+    /// Sum `dim` in strided groups (out[j] = Σ_g x[g·dimx + j]) down to `reduction_dimx` elements.
     pub fn reduction_to_dimx(&mut self, x: TileId, dim: i64) -> Result<TileId> {
         let what = format!("block reduction_to_dimx(t{x}, dim={dim})");
         let t = self.tile(x)?.clone();

@@ -218,7 +218,9 @@ pub fn reduce_sum<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize) -> Dense<D::V> 
     reduce_groups(d, x, dim, 1)
 }
 
-/// Sum `dim` in `k` contiguous groups (`x.dims[dim] % k == 0`, validated upstream).
+/// Reduce `dim` to size `k` by summing strided groups: `out[j] = Σ_g x[g·k + j]`
+/// (`x.dims[dim] % k == 0`, validated upstream). Strided, so `k`-wide partial results laid
+/// side by side along `dim` (e.g. split-KV partials placed by an omap) add up elementwise.
 pub fn reduce_groups<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize, k: usize) -> Dense<D::V> {
     let (outer, len, inner) = around(&x.dims, dim);
     let g = len / k;
@@ -228,8 +230,8 @@ pub fn reduce_groups<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize, k: usize) ->
     for o in 0..outer {
         for j in 0..k {
             for i in 0..inner {
-                let base = o * len * inner + j * g * inner + i;
-                data.push(d.sum(g, |l| x.data[base + l * inner]));
+                let base = o * len * inner + j * inner + i;
+                data.push(d.sum(g, |l| x.data[base + l * k * inner]));
             }
         }
     }
@@ -343,7 +345,7 @@ mod tests {
         assert_eq!(reduce_sum(&d, &a, 0).data, vec![4., 6.]);
         assert_eq!(reduce_sum(&d, &a, 1).data, vec![3., 7.]);
         let x = t(&[1, 4], &[1., 2., 3., 4.]);
-        assert_eq!(reduce_groups(&d, &x, 1, 2).data, vec![3., 7.]);
+        assert_eq!(reduce_groups(&d, &x, 1, 2).data, vec![4., 6.]);
         let r = rms_norm(&d, &t(&[1, 2], &[3., 4.]), 1, None, 0.0);
         let s = (12.5f64).sqrt();
         assert_eq!(r.data, vec![3. / s, 4. / s]);

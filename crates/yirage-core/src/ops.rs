@@ -157,7 +157,7 @@ pub enum AccumKind {
     /// `sqrt(sum over last dim and iterations of x² / (last_dim·forloop_range) + eps)`;
     /// last dim becomes 1.
     Rms { eps: f64 },
-    /// Sum over iterations, last dim summed in contiguous groups down to `reduction_dimx`.
+    /// Sum over iterations, last dim summed in strided groups (out[j] = Σ_g x[g·dimx + j]) down to `reduction_dimx`.
     SumToDimx,
 }
 

@@ -91,6 +91,23 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: Bounds of the per-block tile budget (bytes): at least L1d, at most what the printer keeps
+#: on the stack (yirage_cpu._codegen keeps up to 256 KiB of tiles per block there).
+_MAX_BLOCK_BYTES = 256 * 1024
+
+
+def block_bytes(caches: dict[str, int]) -> int | None:
+    """Tile bytes one CPU "block" (a task on one core) may keep resident: a sixteenth of the
+    core's L2, within [L1d, 256 KiB]. Tiles stream through L1 from L2; limiting them to L1d
+    alone rules out the wide, row-contiguous weight tiles CPUs stream best (measured: 48 KiB
+    left the 2-core reference machine with 64-byte-row tiles and no fused attention)."""
+    l1, l2 = caches.get("L1d"), caches.get("L2")
+    if l2 is None:
+        return l1
+    budget = min(max(l2 // 16, l1 or 0), _MAX_BLOCK_BYTES)
+    return max(budget, l1 or 0)
+
+
 def device_spec() -> DeviceSpec:
     machine = platform.machine() or "unknown"
     vendor_id, flags = cpu_flags()
@@ -110,7 +127,7 @@ def device_spec() -> DeviceSpec:
         compute_units=usable_cores(),
         warp_size=None,
         max_threads_per_block=None,
-        shared_mem_per_block=caches.get("L1d"),
+        shared_mem_per_block=block_bytes(caches),
         l2_bytes=caches.get("L2"),
         mem_bandwidth_gbps=None,
         peak_tflops_fp16=None,

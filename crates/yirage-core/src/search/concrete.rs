@@ -276,6 +276,26 @@ fn pow2_divisors(extent: usize, max: usize) -> impl Iterator<Item = usize> {
         .filter(move |&p| extent % p == 0)
 }
 
+/// Grid part counts of a class of `extent` (≤ `max`, tile ≥ `min_tile`): power-of-two
+/// counts, plus counts leaving a power-of-two tile (6144 → 192 blocks of 32), so a
+/// non-power-of-two extent can still fill every unit with matrix-friendly tiles (the
+/// latter only with `pow2_tiles`, i.e. for GPUs; CPU candidates are unchanged).
+fn grid_parts(extent: usize, max: usize, min_tile: usize, pow2_tiles: bool) -> Vec<usize> {
+    let mut v: Vec<usize> = pow2_divisors(extent, max).collect();
+    if pow2_tiles {
+        v.extend(
+            pow2_divisors(extent, extent)
+                .filter(|&t| t < extent)
+                .map(|t| extent / t)
+                .filter(|&p| p <= max),
+        );
+    }
+    v.retain(|&p| extent / p >= min_tile);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Ty {
     vg: u64,
@@ -616,7 +636,7 @@ enum Kind {
     GridLoop,
 }
 
-fn pattern_kinds(c: &ClassInfo, max_blocks: usize) -> Vec<Kind> {
+fn pattern_kinds(c: &ClassInfo, max_blocks: usize, gpu: bool) -> Vec<Kind> {
     if c.chunk.is_some() {
         return vec![Kind::Loop];
     }
@@ -624,8 +644,7 @@ fn pattern_kinds(c: &ClassInfo, max_blocks: usize) -> Vec<Kind> {
         return vec![Kind::Whole];
     }
     let min_tile = if c.matrix { MIN_MATRIX_TILE } else { 1 };
-    let grid_ok =
-        !c.no_grid && pow2_divisors(c.extent, max_blocks).any(|p| c.extent / p >= min_tile);
+    let grid_ok = !c.no_grid && !grid_parts(c.extent, max_blocks, min_tile, gpu).is_empty();
     let loop_ok = c.contracted && c.extent >= 2 * LOOP_TILE.0;
     let mut v = vec![Kind::Whole];
     if grid_ok {
@@ -763,6 +782,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         return vec![];
     };
     let max_blocks = (run.spec.compute_units as usize * 4).max(1);
+    let gpu = run.spec.is_streaming_gpu();
     let low = ins.first().is_some_and(|k| k.dtype != DType::F32);
     let in_bytes: Vec<usize> = ins.iter().map(|k| k.elem_bytes).collect();
     let out_bytes = vec![INTERMEDIATE_BYTES; prog.outputs.len()];
@@ -773,7 +793,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
     let kinds: Vec<Vec<Kind>> = an
         .classes
         .iter()
-        .map(|c| pattern_kinds(c, max_blocks))
+        .map(|c| pattern_kinds(c, max_blocks, gpu))
         .collect();
     let mut patterns: Vec<Vec<Kind>> = vec![vec![]];
     for ks in &kinds {
@@ -862,14 +882,15 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                             vec![]
                         }
                     }
-                    Kind::Grid => pow2_divisors(info.extent, max_blocks)
-                        .filter(|&p| info.extent / p >= min_tile)
+                    Kind::Grid => grid_parts(info.extent, max_blocks, min_tile, gpu)
+                        .into_iter()
                         .map(|p| Assign {
                             parts: p,
                             loopy: false,
                         })
                         .collect(),
-                    Kind::GridLoop => pow2_divisors(info.extent, max_blocks)
+                    Kind::GridLoop => grid_parts(info.extent, max_blocks, 1, gpu)
+                        .into_iter()
                         .filter(|&p| info.extent % (p * f) == 0 && loop_ok(info.extent / (p * f)))
                         .map(|p| Assign {
                             parts: p,

@@ -43,12 +43,20 @@ from yirage._graph import (
     new_kernel_graph,
     new_threadblock_graph,
 )
+from yirage._kernel import (
+    NumericCheckError,
+    OptimizedKernel,
+    SuperoptimizeReport,
+    load_kernel,
+)
 from yirage._registry import (
     BackendInfo,
     get_available_backends,
     get_backend_info,
     is_backend_available,
 )
+from yirage._search import Candidate, KernelPlan, SearchReport, SearchResult, search
+from yirage._superoptimize import SuperoptimizeError, superoptimize
 
 try:
     __version__: str = _metadata.version("yirage")
@@ -62,6 +70,7 @@ __all__ = [
     "BackendError",
     "BackendInfo",
     "BackendUnavailableError",
+    "Candidate",
     "ConfigError",
     "DTensor",
     "DType",
@@ -71,14 +80,21 @@ __all__ = [
     "EvaluationError",
     "GraphError",
     "KernelGraph",
+    "KernelPlan",
     "MappingError",
     "NotImplementedBackendError",
+    "NumericCheckError",
+    "OptimizedKernel",
     "PluginAPIError",
     "ProbeResult",
     "STensor",
+    "SearchReport",
+    "SearchResult",
     "SearchSpace",
     "SerializationError",
     "ShapeError",
+    "SuperoptimizeError",
+    "SuperoptimizeReport",
     "ThreadBlockGraph",
     "VerificationLevel",
     "YirageError",
@@ -90,6 +106,9 @@ __all__ = [
     "get_available_backends",
     "get_backend_info",
     "is_backend_available",
+    "load_kernel",
     "new_kernel_graph",
     "new_threadblock_graph",
+    "search",
+    "superoptimize",
 ]

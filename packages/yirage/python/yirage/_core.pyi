@@ -10,7 +10,7 @@ Binary op names: "add", "sub", "mul", "div", "pow" (size-1 broadcasting).
 Accumulator names for ``forloop_accum``: None (sum over iterations), "sum" (sum over the
 last dim and iterations, keepdim), "rms" (sqrt(mean of squares over the last dim and all
 iterations + eps), keepdim), "sum_todimx" (sum over iterations, last dim summed in
-contiguous groups down to ``reduction_dimx``).
+strided groups, out[j] = Σ_g x[g·dimx + j], down to ``reduction_dimx``).
 """
 
 from collections.abc import Callable, Sequence

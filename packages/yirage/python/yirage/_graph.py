@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +32,10 @@ __all__ = [
 
 _ACCUMULATORS = (None, "sum", "rms", "sum_todimx")
 _DEFAULT_EPS = 1e-6
+
+if TYPE_CHECKING:
+    from yirage._backend import Backend
+    from yirage._kernel import OptimizedKernel
 
 T = TypeVar("T")
 
@@ -359,6 +363,20 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         """Stable content hash (hex) of the canonical JSON; equal on every platform."""
         return self._g.hash()
 
+    def superoptimize(
+        self,
+        backend: str | Backend | None = None,
+        config: object = None,
+        top_k: int = 4,
+        check: bool = True,
+        **search_options: object,
+    ) -> OptimizedKernel:
+        """Search, compile, check and profile this graph on ``backend``; see
+        :func:`yirage.superoptimize`."""
+        from yirage._superoptimize import superoptimize
+
+        return superoptimize(self, backend, config, top_k, check, **search_options)
+
 
 class ThreadBlockGraph(_ElementwiseOps[STensor]):
     """A thread-block graph: what one block of a customized operator computes.
@@ -465,7 +483,7 @@ class ThreadBlockGraph(_ElementwiseOps[STensor]):
         return self._t(self._g.reduction(self._id(x), check_int(dim, "dim", ShapeError)))
 
     def reduction_to_dimx(self, x: STensor, dim: int) -> STensor:
-        """Sum ``dim`` in contiguous groups down to ``reduction_dimx`` elements."""
+        """Sum ``dim`` in strided groups (out[j] = Σ_g x[g·dimx + j]) down to ``reduction_dimx`` elements."""
         return self._t(self._g.reduction_to_dimx(self._id(x), check_int(dim, "dim", ShapeError)))
 
     def rms_norm(self, x: STensor, eps: float = _DEFAULT_EPS) -> STensor:

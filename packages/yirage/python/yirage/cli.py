@@ -120,7 +120,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from yirage._demo import run_demo
 
-    run_demo(args.backend, json_output=args.json)
+    run_demo(args.backend, workload=args.workload, json_output=args.json, rounds=args.rounds)
     return 0
 
 
@@ -142,6 +142,15 @@ def _parser() -> argparse.ArgumentParser:
         "and compare it with PyTorch eager",
     )
     demo.add_argument("--backend", default=None, help="backend name (default: the best available)")
+    demo.add_argument(
+        "--workload",
+        default="rmsnorm_linear",
+        help="a TARGETS.md workload (rmsnorm_linear, gated_mlp, lora, gqa_decode, qknorm_gqa) "
+        "or 'all' (default: rmsnorm_linear)",
+    )
+    demo.add_argument(
+        "--rounds", type=int, default=3, help="alternating timing rounds (default: 3)"
+    )
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(func=_cmd_demo)
     add_bench_parser(sub)

@@ -1,0 +1,152 @@
+"""The CPU Backend object: probe, DeviceSpec, and the codegen → compile → load → profile steps.
+
+Verification level: ran on hardware (the generated C runs on the host CPU in CI).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from yirage import Backend, DeviceSpec, ProbeResult, VerificationLevel
+from yirage._errors import BackendError
+from yirage_cpu import _codegen, _device_spec, _probe, _runtime, _toolchain
+
+
+@dataclass(frozen=True)
+class CpuArtifact:
+    """A compiled program: the printed source and the shared object in the cache."""
+
+    source: _codegen.CpuSource
+    library: _toolchain.CompiledLibrary
+
+    @property
+    def cache_hit(self) -> bool:
+        return self.library.cache_hit
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.library.compile_seconds
+
+
+class CpuBackend(Backend):
+    """The host CPU: C11 + OpenMP + SIMD code from KernelPlans, built by the system C
+    compiler, run through ctypes on numpy arrays and torch CPU tensors."""
+
+    name = "cpu"
+    distribution = "yirage-cpu"
+    verification_level = VerificationLevel.HARDWARE
+    #: File suffix of the generated source (used when a kernel is saved).
+    source_suffix = ".c"
+
+    _version: str | None = None
+
+    @property
+    def package_version(self) -> str:
+        """The yirage-cpu version (looked up once: it keys every warm-path cache lookup)."""
+        if self._version is None:
+            self._version = Backend.package_version.fget(self)  # type: ignore[attr-defined]
+        return self._version
+
+    def probe(self) -> ProbeResult:
+        return _probe.probe()
+
+    def device_spec(self) -> DeviceSpec:
+        spec = _device_spec.device_spec()
+        if spec is None:
+            raise self._unavailable(self.probe().reason)
+        return spec
+
+    def known_devices(self) -> dict[str, DeviceSpec]:
+        return dict(_device_spec.KNOWN_DEVICES)
+
+    def _simd_bits(self) -> int:
+        try:
+            return int(self.device_spec().simd_width_bits or 128)
+        except Exception:
+            return 128
+
+    # -- the pipeline ------------------------------------------------------------------------
+    def codegen(self, plan: Any) -> _codegen.CpuSource:
+        """Print a KernelPlan (object with ``to_json()``, JSON text or dict) as C source."""
+        return _codegen.generate(plan, simd_width_bits=self._simd_bits())
+
+    def compile(self, source: Any) -> CpuArtifact:
+        """Compile printed source (from :meth:`codegen`) into the disk cache."""
+        if not isinstance(source, _codegen.CpuSource):
+            raise BackendError(
+                f"the cpu backend compiles what its codegen() returns (a CpuSource), got "
+                f"{type(source).__name__}"
+            )
+        lib = _toolchain.compile_shared(
+            source.code,
+            simd_width_bits=source.simd_width_bits,
+            name=str(source.plan.get("graph_hash", "kernel"))[:16],
+        )
+        return CpuArtifact(source, lib)
+
+    def load(self, artifact: Any) -> _runtime.CpuLauncher:
+        """Load a compiled artifact; a corrupt cache entry is rebuilt once."""
+        if not isinstance(artifact, CpuArtifact):
+            raise BackendError(
+                f"the cpu backend loads what its compile() returns, got {type(artifact).__name__}"
+            )
+        try:
+            return _runtime.CpuLauncher(artifact.source, artifact.library)
+        except OSError:
+            _toolchain.forget(artifact.library)
+            rebuilt = self.compile(artifact.source)
+            return _runtime.CpuLauncher(rebuilt.source, rebuilt.library)
+
+    def profile(
+        self, launcher: Any, inputs: Sequence[Any] | None = None, **options: Any
+    ) -> _runtime.ProfileResult:
+        """Median time of ``launcher`` on ``inputs`` (fresh random inputs when None)."""
+        if inputs is None:
+            inputs = self.random_inputs(launcher.input_specs)
+        return _runtime.profile(launcher, inputs, **options)
+
+    # -- tensors -----------------------------------------------------------------------------
+    def random_inputs(
+        self, specs: Sequence[tuple[Sequence[int], str]], *, seed: int = 0
+    ) -> list[Any]:
+        """Standard-normal inputs of the given (dims, dtype name) on this device (numpy
+        arrays; torch CPU tensors for bfloat16, which numpy cannot hold)."""
+        return _runtime.random_inputs(specs, seed=seed)
+
+    def from_numpy(self, arrays: Sequence[Any], dtypes: Sequence[str]) -> list[Any]:
+        """float32 numpy arrays → this backend's tensors in ``dtypes`` (numpy arrays; torch
+        CPU tensors for bfloat16)."""
+        import numpy as np
+
+        out: list[Any] = []
+        for a, d in zip(arrays, dtypes, strict=True):
+            if d == "bfloat16":
+                import torch
+
+                out.append(
+                    torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
+                )
+            else:
+                out.append(
+                    np.ascontiguousarray(a, dtype=np.float16 if d == "float16" else np.float32)
+                )
+        return out
+
+    def to_numpy(self, tensor: Any) -> Any:
+        """A float64 numpy copy of a tensor this backend produced or accepts."""
+        import numpy as np
+
+        if type(tensor).__module__.startswith("torch"):
+            return tensor.detach().to("cpu").double().numpy()
+        return np.asarray(tensor, dtype=np.float64)
+
+    def toolchain(self) -> dict[str, str]:
+        """The compiler and flags generated code is built with (raises when there is none)."""
+        cc = _toolchain.find_compiler()
+        flags, notes = _toolchain.select_flags(cc, self._simd_bits())
+        info = {"compiler": cc.describe(), "flags": " ".join(flags)}
+        if notes:
+            info["notes"] = "; ".join(notes)
+        return info

@@ -1,0 +1,1296 @@
+"""KernelPlan → C11 + OpenMP source (the CPU backend's printer).
+
+The plan format is docs/kernel-plan.md. Each generated kernel becomes one C function
+``int yr_<name>(void **buffers)`` that takes every plan buffer by id; library kernels are
+not printed (the runtime runs them through numpy between the generated calls, in plan
+order).
+
+How a generated kernel maps onto a CPU:
+
+* the grid's blocks are the iterations of one ``#pragma omp parallel for collapse(...)``
+  loop over (bz, by, bx);
+* a block keeps its tiles in thread-private, 64-byte aligned float arrays (on the stack when
+  they are small, else in one per-thread heap scratch area); float32 input tiles are not
+  copied at all but read in place through a strided view;
+* the for-loop runs inside the block: ``pre`` ops (and inputs loaded once) are hoisted
+  before it, ``loop`` and ``accum`` ops run in it, ``epilogue`` ops and stores after it;
+* inner loops are contiguous and carry ``#pragma omp simd``; matmul runs in i-k-j order
+  with a row accumulator, and a matmul whose only consumer is an ``iter`` accumulator is
+  fused into it (it adds straight into the accumulator);
+* tile loads convert the buffer dtype to float (float16 via ``_Float16`` where the compiler
+  has it, else a bit-exact software conversion; bfloat16 via ``uint16 << 16``), stores
+  convert back (round to nearest even);
+* ``safe_softmax`` groups keep a running row max ``m``: ``exp(x - m)`` and each listed
+  accumulator is rescaled by ``exp(m_old - m_new)`` before it adds; listed outputs are
+  multiplied by ``exp(m)`` before the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import platform
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from yirage._errors import BackendError
+
+__all__ = [
+    "PLAN_FORMAT",
+    "PLAN_VERSION",
+    "CodegenError",
+    "CpuSource",
+    "Step",
+    "generate",
+    "normalize_plan",
+]
+
+PLAN_FORMAT = "yirage.kernel_plan"
+PLAN_VERSION = 1
+#: Version of the printer; part of every compile-cache key.
+CODEGEN_VERSION = "5"
+
+#: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
+_STACK_LIMIT = 256 * 1024
+#: Row accumulators of a matmul are kept in a local array up to this many columns.
+_MATMUL_ROW_ACC_MAX = 512
+
+_DTYPE_C = {"float32": "float", "float16": "yr_half", "bfloat16": "uint16_t"}
+_LOAD = {"float32": "{}", "float16": "yr_h2f({})", "bfloat16": "yr_bf2f({})"}
+_STORE = {"float32": "{}", "float16": "yr_f2h({})", "bfloat16": "yr_f2bf({})"}
+_BLOCK_VARS = ("bx", "by", "bz")
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: Software prefetch of loop-phase input tiles (off: measured slower than the hardware
+#: prefetcher on x86, kept for targets without one), and how many bytes ahead it reaches.
+PREFETCH = False
+_PREFETCH_BYTES = 8192
+#: OpenMP schedule of the grid loop.
+SCHEDULE = "static"
+
+
+class CodegenError(BackendError):
+    """The plan is malformed or uses something the CPU printer does not support."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One entry of the execution order: a library kernel (run by the runtime through
+    numpy) or a generated kernel (the C function ``symbol``)."""
+
+    kind: str
+    index: int
+    symbol: str | None = None
+
+
+@dataclass(frozen=True)
+class CpuSource:
+    """The printed program: C source plus what the runtime needs to drive it."""
+
+    code: str
+    plan: dict[str, Any] = field(repr=False)
+    steps: tuple[Step, ...]
+    simd_width_bits: int
+
+    @property
+    def source_hash(self) -> str:
+        return hashlib.sha256(self.code.encode()).hexdigest()
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(s.symbol for s in self.steps if s.symbol is not None)
+
+    def __str__(self) -> str:
+        return self.code
+
+
+# -- plan handling ---------------------------------------------------------------------------
+
+
+def normalize_plan(plan: Any) -> dict[str, Any]:
+    """The plan as a dict: accepts a dict, a JSON string or an object with ``to_json()``."""
+    if hasattr(plan, "to_json") and not isinstance(plan, (str, bytes, Mapping)):
+        plan = plan.to_json()
+    if isinstance(plan, bytes):
+        plan = plan.decode("utf-8")
+    if isinstance(plan, str):
+        try:
+            plan = json.loads(plan)
+        except json.JSONDecodeError as exc:
+            raise CodegenError(f"the kernel plan is not valid JSON: {exc}") from None
+    if not isinstance(plan, Mapping):
+        raise CodegenError(f"a kernel plan must be a JSON object, got {type(plan).__name__}")
+    plan = dict(plan)
+    if plan.get("format") != PLAN_FORMAT:
+        raise CodegenError(
+            f"not a kernel plan: format is {plan.get('format')!r}, expected {PLAN_FORMAT!r}"
+        )
+    if plan.get("version") != PLAN_VERSION:
+        raise CodegenError(
+            f"kernel plan version {plan.get('version')!r} is not supported by this yirage-cpu "
+            f"(it prints version {PLAN_VERSION}); install matching versions of yirage and "
+            "yirage-cpu"
+        )
+    buffers = plan.get("buffers")
+    kernels = plan.get("kernels")
+    if not isinstance(buffers, list) or not isinstance(kernels, list):
+        raise CodegenError("a kernel plan needs the lists 'buffers' and 'kernels'")
+    ids = []
+    for b in buffers:
+        if not isinstance(b, Mapping) or not {"id", "dims", "dtype", "role"} <= set(b):
+            raise CodegenError(f"malformed plan buffer {b!r}: needs id, dims, dtype, role")
+        if b["dtype"] not in _DTYPE_C:
+            raise CodegenError(
+                f"plan buffer {b['id']} has dtype {b['dtype']!r}; the CPU backend supports "
+                f"{', '.join(_DTYPE_C)}"
+            )
+        if b["role"] not in ("input", "output", "intermediate"):
+            raise CodegenError(f"plan buffer {b['id']} has an unknown role {b['role']!r}")
+        ids.append(b["id"])
+    if sorted(ids) != list(range(len(ids))):
+        raise CodegenError(f"plan buffer ids must be 0..{len(ids) - 1}, got {sorted(ids)}")
+    out: dict[str, Any] = plan
+    return out
+
+
+def _buffers_by_id(plan: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(b["id"]): dict(b) for b in plan["buffers"]}
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def _prod(xs: Sequence[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+def _row_major(dims: Sequence[int]) -> tuple[int, ...]:
+    strides = [1] * len(dims)
+    for i in range(len(dims) - 2, -1, -1):
+        strides[i] = strides[i + 1] * int(dims[i + 1])
+    return tuple(strides)
+
+
+def _flt(v: float) -> str:
+    """A C float literal."""
+    v = float(v)
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    text = repr(v)
+    if "e" not in text and "." not in text and "inf" not in text:
+        text += ".0"
+    return f"{text}f" if not text.startswith("-") else f"({text}f)"
+
+
+def _is_arm() -> bool:
+    return platform.machine().lower() in ("arm64", "aarch64")
+
+
+def _ident(name: str) -> str:
+    s = re.sub(r"[^0-9A-Za-z_]", "_", str(name))
+    return s if s and not s[0].isdigit() else f"k{s}"
+
+
+class _Writer:
+    def __init__(self, indent: int = 0) -> None:
+        self.lines: list[str] = []
+        self.ind = indent
+
+    def __call__(self, line: str = "") -> None:
+        self.lines.append(("    " * self.ind + line) if line else "")
+
+    @contextlib.contextmanager
+    def block(self, head: str) -> Iterator[None]:
+        self(f"{head} {{" if head else "{")
+        self.ind += 1
+        try:
+            yield
+        finally:
+            self.ind -= 1
+            self("}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@dataclass
+class _Tile:
+    """A tile as the printer sees it: a float pointer (private array or in-place view of a
+    float32 buffer) with row-major-like strides (last stride 1)."""
+
+    ptr: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    private: bool
+
+    def off(self, idx: Sequence[str]) -> str:
+        """Offset expression at loop indices ``idx``; size-1 dims broadcast (index ignored)."""
+        terms = []
+        for d, (i, s) in enumerate(zip(idx, self.strides, strict=True)):
+            if i == "0" or self.dims[d] == 1:
+                continue
+            terms.append(i if s == 1 else f"{i} * {s}")
+        return " + ".join(terms) if terms else "0"
+
+    def at(self, idx: Sequence[str]) -> str:
+        """Element expression at loop indices ``idx``."""
+        return f"{self.ptr}[{self.off(idx)}]"
+
+
+def _blocking(m: int, nv: int, vregs: int) -> tuple[int, int]:
+    """(vectors per row c, rows per block mb) of the matmul micro-kernel: the fewest loads
+    per k step over the whole tile (c must divide nv; mb·c accumulators + c B vectors + a
+    broadcast must fit the vector registers); ties go to wider c."""
+    best: tuple[float, int, int] | None = None
+    for c in range(1, 5):
+        if nv % c:
+            continue
+        for mb in range(1, m + 1):
+            if mb * c + c + 2 > vregs:
+                break
+            blocks = [mb] * (m // mb) + ([m % mb] if m % mb else [])
+            loads = (nv // c) * sum(c + rows for rows in blocks)
+            key = (loads, -c, -mb)
+            if best is None or key < best:
+                best = (loads, -c, -mb)
+    assert best is not None
+    return -best[1], -best[2]
+
+
+@dataclass(frozen=True)
+class _Matmul:
+    """C (+)= A·B on row-major operands: base expressions and row strides (last stride 1)."""
+
+    a: str
+    sa: int
+    b: str
+    sb: int
+    c: str
+    sc: int
+    m: int
+    k: int
+    n: int
+    accumulate: bool
+
+
+# -- the printer of one generated kernel -----------------------------------------------------
+
+_UNARY = {
+    "exp": "yr_exp({x})",
+    "square": "({x}) * ({x})",
+    "sqrt": "sqrtf({x})",
+    "rsqrt": "1.0f / sqrtf({x})",
+    "silu": "({x}) / (1.0f + yr_exp(-({x})))",
+    "gelu": "0.5f * ({x}) * (1.0f + erff(({x}) * 0.70710678118654752f))",
+    "relu": "(({x}) < 0.0f ? 0.0f : ({x}))",
+    "sigmoid": "1.0f / (1.0f + yr_exp(-({x})))",
+    "tanh": "tanhf({x})",
+    "neg": "-({x})",
+}
+_BINARY = {
+    "add": "{a} + {b}",
+    "sub": "{a} - {b}",
+    "mul": "{a} * {b}",
+    "div": "{a} / {b}",
+    "pow": "powf({a}, {b})",
+}
+
+
+def unary_expr(op: str, params: Sequence[float], x: str) -> str:
+    """C expression of a unary op applied to the float expression ``x``."""
+    if op == "mul_scalar":
+        if len(params) != 1:
+            raise CodegenError(f"mul_scalar takes one parameter, got {list(params)}")
+        return f"({x}) * {_flt(params[0])}"
+    if op == "clamp":
+        if len(params) != 2:
+            raise CodegenError(f"clamp takes two parameters (lo, hi), got {list(params)}")
+        lo, hi = _flt(params[0]), _flt(params[1])
+        # Ternaries (not fminf/fmaxf) so NaN propagates as in the reference.
+        return f"(({x}) < {lo} ? {lo} : (({x}) > {hi} ? {hi} : ({x})))"
+    template = _UNARY.get(op)
+    if template is None:
+        raise CodegenError(f"unknown unary op {op!r} in the kernel plan")
+    if params:
+        raise CodegenError(f"unary op {op!r} takes no parameters, got {list(params)}")
+    return template.format(x=x)
+
+
+class _KernelPrinter:
+    def __init__(
+        self,
+        kernel: Mapping[str, Any],
+        buffers: Mapping[int, Mapping[str, Any]],
+        symbol: str,
+        simd_width_bits: int,
+    ) -> None:
+        self.k = kernel
+        self.buffers = buffers
+        self.symbol = symbol
+        self.align = max(16, simd_width_bits // 8)
+        self.vl = max(1, simd_width_bits // 32)  # floats per SIMD register
+        self.vregs = 32 if simd_width_bits >= 512 or _is_arm() else 16
+        self.counter = 0
+        self.ops: dict[int, dict[str, Any]] = {}
+        for op in kernel.get("ops", []):
+            oid = int(op["id"])
+            if oid in self.ops:
+                raise CodegenError(f"kernel {kernel.get('name')!r}: duplicate op id {oid}")
+            self.ops[oid] = dict(op)
+        self.tiles: dict[int, _Tile] = {}
+        self.private_decls: list[tuple[str, int]] = []  # (name, floats)
+        self.grid = tuple(int(g) for g in kernel.get("grid", [1, 1, 1]))
+        if len(self.grid) != 3 or min(self.grid) < 1:
+            raise CodegenError(f"kernel {kernel.get('name')!r}: grid must be 3 ints >= 1")
+        self.loop_range = int(kernel.get("forloop_range", 1))
+        if self.loop_range < 1:
+            raise CodegenError(f"kernel {kernel.get('name')!r}: forloop_range must be >= 1")
+        self._analyse()
+
+    # -- analysis --------------------------------------------------------------------------
+    def _name(self) -> str:
+        return str(self.k.get("name", self.symbol))
+
+    def _err(self, msg: str) -> CodegenError:
+        return CodegenError(f"kernel {self._name()!r}: {msg}")
+
+    def _analyse(self) -> None:
+        consumers: dict[int, list[int]] = {i: [] for i in self.ops}
+        for oid, op in self.ops.items():
+            for a in op.get("args", []):
+                if int(a) not in self.ops:
+                    raise self._err(f"op {oid} reads unknown op {a}")
+                consumers[int(a)].append(oid)
+        out_srcs = {int(o["src"]) for o in self.k.get("outputs", [])}
+        for s in out_srcs:
+            if s not in self.ops:
+                raise self._err(f"an output stores unknown op {s}")
+        # Effective phase: the plan's phase, plus hoisting of loads that do not depend on
+        # the loop index and of loop ops whose operands are all hoisted.
+        self.phase: dict[int, str] = {}
+        for oid, op in self.ops.items():
+            ph = str(op.get("phase", "loop"))
+            if ph not in ("pre", "loop", "accum", "epilogue"):
+                raise self._err(f"op {oid} has unknown phase {ph!r}")
+            if op["op"] == "accum":
+                ph = "accum"
+            elif ph == "loop":
+                if op["op"] == "input":
+                    if not self._uses_iter(self._kinput(op)["offsets"]):
+                        ph = "pre"
+                elif op.get("args") and all(self.phase.get(int(a)) == "pre" for a in op["args"]):
+                    ph = "pre"
+            self.phase[oid] = ph
+        # safe-softmax groups: for each exp, the shift degree d of every accumulator it
+        # reaches (the accumulator holds exp(-m)^d times the exact value) and of the outputs
+        # the plan lists; accumulators are rescaled by exp(m_old - m_new)^d before they add.
+        self.softmax_of_exp: dict[int, dict[str, Any]] = {}
+        self.rescales: dict[int, list[tuple[int, int]]] = {}  # accum -> [(exp, degree)]
+        self.scaled_outputs: dict[int, list[int]] = {}  # output index -> [exp]
+        outs = self.k.get("outputs", [])
+        for grp in self.k.get("safe_softmax", []) or []:
+            e = int(grp["exp"])
+            if (
+                e not in self.ops
+                or self.ops[e]["op"] != "unary"
+                or self.ops[e].get("unop") != "exp"
+            ):
+                raise self._err(f"safe_softmax group names op {e}, which is not an exp")
+            self.softmax_of_exp[e] = dict(grp)
+            xdims = self._dims(int(self.ops[e]["args"][0]))
+            deg = self._shift_degrees(e)
+            for a in grp.get("accums", []):
+                a = int(a)
+                if a not in self.ops or self.ops[a]["op"] != "accum":
+                    raise self._err(f"safe_softmax group of exp {e} lists op {a}, not an accum")
+                d = deg.get(a)
+                if d is None:
+                    raise self._err(
+                        f"safe_softmax: accumulator {a} is not a monomial in exp {e}'s shift; "
+                        "the running-max rewrite cannot rescale it"
+                    )
+                if d == 0:
+                    continue
+                if tuple(self._dims(a)[:-1]) != tuple(xdims[:-1]):
+                    raise self._err(
+                        f"safe_softmax: accumulator {a} {self._dims(a)} does not have the rows "
+                        f"of exp {e}'s argument {xdims}"
+                    )
+                self.rescales.setdefault(a, []).append((e, d))
+            for oi in grp.get("scale_outputs", []):
+                oi = int(oi)
+                if not 0 <= oi < len(outs):
+                    raise self._err(f"safe_softmax scale_outputs names output {oi}")
+                src_dims = self._dims(int(outs[oi]["src"]))
+                if tuple(src_dims[:-1]) != tuple(xdims[:-1]):
+                    raise self._err(
+                        f"safe_softmax: output {oi} {src_dims} does not have the rows of exp "
+                        f"{e}'s argument {xdims}"
+                    )
+                self.scaled_outputs.setdefault(oi, []).append(e)
+        # matmul → iter-accumulator fusion
+        self.fused_into: dict[int, int] = {}
+        self.fused_accums: set[int] = set()
+        for oid, op in self.ops.items():
+            if op["op"] != "matmul" or self.phase[oid] != "loop" or oid in out_srcs:
+                continue
+            cons = consumers[oid]
+            if len(cons) != 1:
+                continue
+            acc = self.ops[cons[0]]
+            if acc["op"] == "accum" and acc.get("acc", "iter") in ("iter", None):
+                if tuple(self._dims(cons[0])) == tuple(self._dims(oid)):
+                    self.fused_into[oid] = cons[0]
+                    self.fused_accums.add(cons[0])
+
+    def _shift_degrees(self, exp: int) -> dict[int, int | None]:
+        """Degree d of each op's value in exp(-m) (m: the running max of ``exp``'s group);
+        None where the value is not such a monomial."""
+        deg: dict[int, int | None] = {}
+        for oid, op in self.ops.items():
+            args = [deg.get(int(a), 0) for a in op.get("args", [])]
+            kind = op["op"]
+            if oid == exp:
+                d: int | None = 1
+            elif kind == "input" or not args:
+                d = 0
+            elif any(a is None for a in args):
+                d = None
+            elif kind == "matmul":
+                d = args[0] + args[1]  # type: ignore[operator]
+            elif kind == "binary":
+                name = op.get("binop")
+                a, b = args
+                if name == "mul":
+                    d = a + b  # type: ignore[operator]
+                elif name == "div":
+                    d = a - b  # type: ignore[operator]
+                elif a == b and (name in ("add", "sub") or a == 0):
+                    d = a
+                else:
+                    d = None
+            elif kind == "unary":
+                d = args[0] if op.get("unop") in ("neg", "mul_scalar") or args[0] == 0 else None
+            elif kind in ("reduction", "reduction_to_dimx"):
+                d = args[0]
+            elif kind == "accum":
+                d = args[0] if op.get("acc") != "rms" or args[0] == 0 else None
+            elif kind == "rms_norm":
+                d = 0 if args[0] == 0 else None
+            elif kind == "concat":
+                d = args[0] if all(a == args[0] for a in args) else None
+            else:
+                d = None
+            deg[oid] = d
+        return deg
+
+    def _dims(self, oid: int) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.ops[oid]["dims"])
+
+    def _kinput(self, op: Mapping[str, Any]) -> Mapping[str, Any]:
+        ins = self.k.get("inputs", [])
+        i = int(op["input"])
+        if not 0 <= i < len(ins):
+            raise self._err(f"input op reads kernel input {i}, but there are {len(ins)}")
+        kin: Mapping[str, Any] = ins[i]
+        return kin
+
+    @staticmethod
+    def _uses_iter(offsets: Sequence[Sequence[Mapping[str, Any]]]) -> bool:
+        return any(t.get("var") == "iter" for d in offsets for t in d)
+
+    def _offset_expr(
+        self, offsets: Sequence[Sequence[Mapping[str, Any]]], buf_dims: Sequence[int]
+    ) -> str:
+        if len(offsets) != len(buf_dims):
+            raise self._err(f"offsets {offsets} do not match the buffer rank {len(buf_dims)}")
+        strides = _row_major(buf_dims)
+        terms = []
+        for d, parts in enumerate(offsets):
+            for t in parts:
+                var = t.get("var")
+                if var not in ("bx", "by", "bz", "iter"):
+                    raise self._err(f"unknown offset variable {var!r}")
+                coef = int(t["stride"]) * strides[d]
+                if coef:
+                    terms.append(f"(int64_t){var} * {coef}" if coef != 1 else f"(int64_t){var}")
+        return " + ".join(terms) if terms else "0"
+
+    # -- emission helpers ------------------------------------------------------------------
+    def _fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    @contextlib.contextmanager
+    def _nest(self, w: _Writer, dims: Sequence[int], simd: bool = True) -> Iterator[list[str]]:
+        """Loops over ``dims`` (size-1 dims get no loop); yields the index expressions."""
+        tag = self._fresh("i")
+        idx = ["0" if d == 1 else f"{tag}_{n}" for n, d in enumerate(dims)]
+        live = [n for n, d in enumerate(dims) if d != 1]
+        with contextlib.ExitStack() as stack:
+            for pos, n in enumerate(live):
+                if simd and pos == len(live) - 1:
+                    w("#pragma omp simd")
+                stack.enter_context(
+                    w.block(f"for (int {idx[n]} = 0; {idx[n]} < {dims[n]}; ++{idx[n]})")
+                )
+            yield idx
+
+    def _private(self, oid: int, dims: Sequence[int], prefix: str = "t") -> _Tile:
+        name = f"{prefix}{oid}"
+        self.private_decls.append((name, _prod(dims)))
+        return _Tile(name, tuple(dims), _row_major(dims), True)
+
+    # -- op emitters -----------------------------------------------------------------------
+    def _emit_input(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        kin = self._kinput(op)
+        bid = int(kin["buffer"])
+        buf = self.buffers.get(bid)
+        if buf is None:
+            raise self._err(f"input reads unknown buffer {bid}")
+        bdims = [int(d) for d in buf["dims"]]
+        tile = tuple(int(d) for d in kin.get("tile", op["dims"]))
+        dims = self._dims(oid)
+        if _prod(tile) != _prod(dims) or len(tile) != len(bdims):
+            raise self._err(f"input op {oid}: tile {tile} / dims {dims} / buffer {bdims} mismatch")
+        for d, (t, b) in enumerate(zip(tile, bdims, strict=True)):
+            if b % t:
+                raise self._err(
+                    f"input op {oid}: tile {tile} does not divide buffer {bdims} (dim {d})"
+                )
+        off = self._offset_expr(kin["offsets"], bdims)
+        bstrides = _row_major(bdims)
+        if self.phase[oid] == "loop":
+            self._emit_prefetch(w, bid, kin["offsets"], bdims, tile, _ITEMSIZE[buf["dtype"]])
+        if buf["dtype"] == "float32" and tuple(tile) == dims:
+            name = f"v{oid}"
+            w(f"const float *restrict {name} = B{bid} + {off};")
+            w(f"(void){name};")
+            self.tiles[oid] = _Tile(name, dims, bstrides, False)
+            return
+        priv = self._private(oid, dims)
+        self.tiles[oid] = priv
+        src = _Tile(f"B{bid}", tile, bstrides, False)
+        base = f"yr_off{oid}"
+        w(f"const int64_t {base} = {off};")
+        with self._nest(w, tile) as idx:
+            el = f"B{bid}[{base} + {src.off(idx)}]"
+            w(f"{priv.ptr}[{self._lin(idx, tile)}] = {_LOAD[buf['dtype']].format(el)};")
+
+    def _emit_prefetch(
+        self,
+        w: _Writer,
+        bid: int,
+        offsets: Sequence[Sequence[Mapping[str, Any]]],
+        bdims: Sequence[int],
+        tile: Sequence[int],
+        itemsize: int,
+    ) -> None:
+        """Prefetch the tile a later iteration will read (strided tiles defeat the hardware
+        prefetcher), far enough ahead to cover about ``_PREFETCH_BYTES`` of loads."""
+        if not PREFETCH:
+            return
+        strides = _row_major(bdims)
+        step = sum(
+            int(t["stride"]) * strides[d]
+            for d, ts in enumerate(offsets)
+            for t in ts
+            if t.get("var") == "iter"
+        )
+        if step == 0 or self.loop_range < 2:
+            return
+        row_bytes = tile[-1] * itemsize
+        tile_bytes = _prod(tile) * itemsize
+        ahead = max(1, min(8, -(-_PREFETCH_BYTES // max(1, tile_bytes))))
+        ahead = min(ahead, self.loop_range - 1)
+        off = self._offset_expr(offsets, bdims)
+        lines = -(-row_bytes // 64)
+        with w.block(f"if (iter + {ahead} < {self.loop_range})"):
+            w(f"const char *yr_pf = (const char *)(B{bid} + {off} + (int64_t){ahead * step});")
+            with self._nest(w, tile[:-1], simd=False) as ridx:
+                rows = _Tile("", tuple(tile[:-1]), tuple(strides[:-1]), False)
+                row = rows.off(ridx) if len(tile) > 1 else "0"
+                base = f"yr_pf + ({row}) * {itemsize}" if row != "0" else "yr_pf"
+                if lines == 1:
+                    w(f"__builtin_prefetch({base}, 0, 3);")
+                else:
+                    w(f"for (int c = 0; c < {lines * 64}; c += 64)")
+                    w(f"    __builtin_prefetch({base} + c, 0, 3);")
+
+    @staticmethod
+    def _lin(idx: Sequence[str], dims: Sequence[int]) -> str:
+        strides = _row_major(dims)
+        terms = [
+            i if s == 1 else f"{i} * {s}" for i, s in zip(idx, strides, strict=True) if i != "0"
+        ]
+        return " + ".join(terms) if terms else "0"
+
+    def _emit_unary(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        x = self.tiles[int(op["args"][0])]
+        dims = self._dims(oid)
+        if x.dims != dims:
+            raise self._err(f"unary op {oid}: operand dims {x.dims} != result dims {dims}")
+        name = str(op.get("unop", op.get("name", "")))
+        params = [float(p) for p in op.get("params", [])]
+        if oid in self.softmax_of_exp:
+            self._emit_safe_exp(w, oid, x)
+            return
+        out = self._private(oid, dims)
+        self.tiles[oid] = out
+        with self._nest(w, dims) as idx:
+            w(f"{out.at(idx)} = {unary_expr(name, params, x.at(idx))};")
+
+    def _emit_safe_exp(self, w: _Writer, oid: int, x: _Tile) -> None:
+        dims = x.dims
+        rows = _prod(dims[:-1])
+        cols = dims[-1]
+        mx, sc = f"yr_m{oid}", f"yr_s{oid}"
+        out = self._private(oid, dims)
+        self.tiles[oid] = out
+        with self._nest(w, dims[:-1], simd=False) as ridx:
+            r = self._lin(ridx, dims[:-1]) if rows > 1 else "0"
+            xrow = x.off([*ridx, "0"])
+            w("float yr_rm = -INFINITY;")
+            w("#pragma omp simd reduction(max:yr_rm)")
+            with w.block(f"for (int j = 0; j < {cols}; ++j)"):
+                w(f"const float yr_v = {x.ptr}[{xrow} + j];")
+                w("yr_rm = yr_v > yr_rm ? yr_v : yr_rm;")
+            w(f"const float yr_mo = {mx}[{r}];")
+            w("const float yr_mn = yr_rm > yr_mo ? yr_rm : yr_mo;")
+            w(f"{sc}[{r}] = (yr_mo == -INFINITY) ? 0.0f : yr_exp(yr_mo - yr_mn);")
+            w(f"{mx}[{r}] = yr_mn;")
+            orow = out.off([*ridx, "0"])
+            w("#pragma omp simd")
+            with w.block(f"for (int j = 0; j < {cols}; ++j)"):
+                w(f"{out.ptr}[{orow} + j] = yr_exp({x.ptr}[{xrow} + j] - yr_mn);")
+
+    def _emit_binary(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        a = self.tiles[int(op["args"][0])]
+        b = self.tiles[int(op["args"][1])]
+        dims = self._dims(oid)
+        if len(a.dims) != len(dims) or len(b.dims) != len(dims):
+            raise self._err(f"binary op {oid}: operands {a.dims}, {b.dims} vs result {dims}")
+        name = str(op.get("binop", op.get("name", "")))
+        template = _BINARY.get(name)
+        if template is None:
+            raise self._err(f"unknown binary op {name!r}")
+        out = self._private(oid, dims)
+        self.tiles[oid] = out
+        with self._nest(w, dims) as idx:
+            w(f"{out.at(idx)} = {template.format(a=a.at(idx), b=b.at(idx))};")
+
+    def _emit_matmul(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        a = self.tiles[int(op["args"][0])]
+        b = self.tiles[int(op["args"][1])]
+        dims = self._dims(oid)
+        if len(a.dims) < 2 or len(a.dims) != len(b.dims) or a.dims[:-2] != b.dims[:-2]:
+            raise self._err(f"matmul op {oid}: operands {a.dims} · {b.dims}")
+        m, kk, n = a.dims[-2], a.dims[-1], b.dims[-1]
+        if b.dims[-2] != kk or dims != (*a.dims[:-2], m, n):
+            raise self._err(f"matmul op {oid}: {a.dims} · {b.dims} -> {dims}")
+        acc_id = self.fused_into.get(oid)
+        if acc_id is not None:
+            out = self.tiles[acc_id]
+            mode = "+="
+            self._emit_rescale(w, acc_id)
+        else:
+            out = self._private(oid, dims)
+            self.tiles[oid] = out
+            mode = "="
+        batch = dims[:-2]
+        with self._nest(w, batch, simd=False) as bidx:
+            pa = a.off([*bidx, "0", "0"])
+            pb = b.off([*bidx, "0", "0"])
+            pc = out.off([*bidx, "0", "0"])
+            if a.strides[-1] != 1 or b.strides[-1] != 1 or out.strides[-1] != 1:
+                raise self._err(f"matmul op {oid}: tiles must be contiguous in their last dim")
+            mm = _Matmul(
+                a=f"{a.ptr} + {pa}",
+                sa=a.strides[-2],
+                b=f"{b.ptr} + {pb}",
+                sb=b.strides[-2],
+                c=f"{out.ptr} + {pc}",
+                sc=out.strides[-2],
+                m=m,
+                k=kk,
+                n=n,
+                accumulate=mode == "+=",
+            )
+            nfull = (n // self.vl) * self.vl if self.vl > 1 else 0
+            if nfull:
+                self._emit_microkernel(w, mm, nfull)
+            if nfull < n:
+                self._emit_matmul_columns(w, mm, nfull)
+
+    def _emit_microkernel(self, w: _Writer, mm: _Matmul, nfull: int) -> None:
+        """Register-blocked C[:, :nfull] (+)= A·B: ``mb`` rows by ``c`` vectors of independent
+        accumulators, k outermost, B's vectors loaded once per k and broadcast A scalars."""
+        vl, vlb = self.vl, self.vl * 4
+        nv = nfull // vl
+        c, mb = _blocking(mm.m, nv, self.vregs)
+        j0 = self._fresh("j")
+
+        def body(rows: int, i0: str) -> None:
+            # Few accumulators (e.g. 4 query rows x 1 vector) leave the FMA latency exposed:
+            # split k over `u` accumulator sets, summed at the end.
+            u = 1
+            while rows * c * u * 2 <= 8 and (rows * c * u * 2 + c + 2) <= self.vregs:
+                u *= 2
+            u = max(1, min(u, mm.k))
+            kmain = (mm.k // u) * u
+            acc = [[[f"yr_c{r}_{v}_{h}" for h in range(u)] for v in range(c)] for r in range(rows)]
+            with w.block(""):
+                for r in range(rows):
+                    w(f"const float *restrict yr_a{r} = {mm.a} + ({i0} + {r}) * {mm.sa};")
+                for r in range(rows):
+                    names = [n for v in range(c) for n in acc[r][v]]
+                    w("yr_vf " + ", ".join(f"{n} = {{0.0f}}" for n in names) + ";")
+
+                def step(kexpr: str, h: int) -> None:
+                    w(f"const float *restrict yr_bk{h} = {mm.b} + ({kexpr}) * {mm.sb} + {j0};")
+                    for v in range(c):
+                        w(f"yr_vf yr_b{v}_{h};")
+                        w(f"memcpy(&yr_b{v}_{h}, yr_bk{h} + {v * vl}, {vlb});")
+                    for r in range(rows):
+                        w(f"const float yr_s{r}_{h} = yr_a{r}[{kexpr}];")
+                        for v in range(c):
+                            w(f"{acc[r][v][h]} += yr_s{r}_{h} * yr_b{v}_{h};")
+
+                with w.block(f"for (int k = 0; k < {kmain}; k += {u})"):
+                    for h in range(u):
+                        step(f"k + {h}" if h else "k", h)
+                if kmain < mm.k:
+                    with w.block(f"for (int k = {kmain}; k < {mm.k}; ++k)"):
+                        step("k", 0)
+                for r in range(rows):
+                    w(f"float *restrict yr_cr{r} = {mm.c} + ({i0} + {r}) * {mm.sc} + {j0};")
+                    for v in range(c):
+                        total = " + ".join(acc[r][v])
+                        if u > 1:
+                            w(f"{acc[r][v][0]} = {total};")
+                        src = acc[r][v][0]
+                        if mm.accumulate:
+                            dst = f"yr_cr{r} + {v * vl}"
+                            w(
+                                f"{{ yr_vf yr_t; memcpy(&yr_t, {dst}, {vlb}); "
+                                f"yr_t += {src}; memcpy({dst}, &yr_t, {vlb}); }}"
+                            )
+                        else:
+                            w(f"memcpy(yr_cr{r} + {v * vl}, &{src}, {vlb});")
+
+        with w.block(f"for (int {j0} = 0; {j0} < {nfull}; {j0} += {c * vl})"):
+            full = (mm.m // mb) * mb
+            if full:
+                i0 = self._fresh("i")
+                with w.block(f"for (int {i0} = 0; {i0} < {full}; {i0} += {mb})"):
+                    body(mb, i0)
+            if mm.m % mb:
+                body(mm.m % mb, str(full))
+
+    def _emit_matmul_columns(self, w: _Writer, mm: _Matmul, j_start: int) -> None:
+        """C[:, j_start:] (+)= A·B row by row (the columns left over by the micro-kernel)."""
+        width = mm.n - j_start
+        mode = "+=" if mm.accumulate else "="
+        row = self._fresh("mi")
+        with w.block(f"for (int {row} = 0; {row} < {mm.m}; ++{row})"):
+            w(f"const float *restrict yr_ar = {mm.a} + {row} * {mm.sa};")
+            w(f"float *restrict yr_cr = {mm.c} + {row} * {mm.sc} + {j_start};")
+            if width <= _MATMUL_ROW_ACC_MAX:
+                w(f"float yr_acc[{width}] __attribute__((aligned({self.align})));")
+                w("#pragma omp simd")
+                w(f"for (int j = 0; j < {width}; ++j) yr_acc[j] = 0.0f;")
+                with w.block(f"for (int k = 0; k < {mm.k}; ++k)"):
+                    w("const float yr_a = yr_ar[k];")
+                    w(f"const float *restrict yr_br = {mm.b} + k * {mm.sb} + {j_start};")
+                    w("#pragma omp simd")
+                    w(f"for (int j = 0; j < {width}; ++j) yr_acc[j] += yr_a * yr_br[j];")
+                w("#pragma omp simd")
+                w(f"for (int j = 0; j < {width}; ++j) yr_cr[j] {mode} yr_acc[j];")
+            else:
+                if mode == "=":
+                    w("#pragma omp simd")
+                    w(f"for (int j = 0; j < {width}; ++j) yr_cr[j] = 0.0f;")
+                with w.block(f"for (int k = 0; k < {mm.k}; ++k)"):
+                    w("const float yr_a = yr_ar[k];")
+                    w(f"const float *restrict yr_br = {mm.b} + k * {mm.sb} + {j_start};")
+                    w("#pragma omp simd")
+                    w(f"for (int j = 0; j < {width}; ++j) yr_cr[j] += yr_a * yr_br[j];")
+
+    def _emit_reduction(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        x = self.tiles[int(op["args"][0])]
+        dim = int(op["dim"]) % len(x.dims)
+        dims = self._dims(oid)
+        out = self._private(oid, dims)
+        self.tiles[oid] = out
+        if op["op"] == "reduction":
+            if dims != tuple(1 if d == dim else s for d, s in enumerate(x.dims)):
+                raise self._err(f"reduction op {oid}: {x.dims} over dim {dim} -> {dims}")
+            dimx, groups = 1, x.dims[dim]
+        else:
+            dimx = int(op.get("dimx", dims[dim]))
+            if x.dims[dim] % dimx or dims[dim] != dimx:
+                raise self._err(f"reduction_to_dimx op {oid}: {x.dims} dim {dim} -> {dims}")
+            groups = x.dims[dim] // dimx
+        self._reduce_into(w, out, x, dim, dimx, groups, "=")
+
+    def _reduce_into(
+        self,
+        w: _Writer,
+        out: _Tile,
+        x: _Tile,
+        dim: int,
+        dimx: int,
+        groups: int,
+        mode: str,
+        square: bool = False,
+    ) -> None:
+        """``out[.., j, ..] (mode) Σ_g x[.., g·dimx + j, ..]`` over ``dim`` (strided groups,
+        as the core's reference evaluator: side-by-side partials add up elementwise)."""
+        val = "yr_v * yr_v" if square else "yr_v"
+        last = len(x.dims) - 1
+        if dim == last:
+            with self._nest(w, out.dims, simd=False) as idx:
+                xrow = x.off([*idx[:-1], "0"])
+                jj = idx[-1]
+                start = xrow if jj == "0" else f"{xrow} + {jj}"
+                w("float yr_s = 0.0f;")
+                w("#pragma omp simd reduction(+:yr_s)")
+                with w.block(f"for (int g = 0; g < {groups}; ++g)"):
+                    w(f"const float yr_v = {x.ptr}[{start} + g * {dimx}];")
+                    w(f"yr_s += {val};")
+                w(f"{out.at(idx)} {mode} yr_s;")
+            return
+        if mode == "=":
+            w("#pragma omp simd")
+            w(f"for (int j = 0; j < {_prod(out.dims)}; ++j) {out.ptr}[j] = 0.0f;")
+        g = self._fresh("g")
+        with w.block(f"for (int {g} = 0; {g} < {groups}; ++{g})"):
+            with self._nest(w, out.dims) as idx:
+                xi = list(idx)
+                if groups > 1:
+                    xi[dim] = f"{g} * {dimx}" if idx[dim] == "0" else f"({g} * {dimx} + {idx[dim]})"
+                w(f"const float yr_v = {self._at_raw(x, xi)};")
+                w(f"{out.at(idx)} += {val};")
+
+    @staticmethod
+    def _at_raw(t: _Tile, idx: Sequence[str]) -> str:
+        terms = []
+        for i, s in zip(idx, t.strides, strict=True):
+            if i == "0":
+                continue
+            terms.append(i if s == 1 else f"{i} * {s}")
+        return f"{t.ptr}[{' + '.join(terms) if terms else '0'}]"
+
+    def _emit_rms_norm(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        x = self.tiles[int(op["args"][0])]
+        dims = self._dims(oid)
+        if dims != x.dims:
+            raise self._err(f"rms_norm op {oid}: {x.dims} -> {dims}")
+        eps = _flt(float(op.get("eps", 0.0)))
+        out = self._private(oid, dims)
+        self.tiles[oid] = out
+        cols = dims[-1]
+        with self._nest(w, dims[:-1], simd=False) as ridx:
+            xrow = x.off([*ridx, "0"])
+            orow = out.off([*ridx, "0"])
+            w("float yr_s = 0.0f;")
+            w("#pragma omp simd reduction(+:yr_s)")
+            with w.block(f"for (int j = 0; j < {cols}; ++j)"):
+                w(f"const float yr_v = {x.ptr}[{xrow} + j];")
+                w("yr_s += yr_v * yr_v;")
+            w(f"const float yr_r = 1.0f / sqrtf(yr_s / {_flt(cols)} + {eps});")
+            w("#pragma omp simd")
+            w(
+                f"for (int j = 0; j < {cols}; ++j) "
+                f"{out.ptr}[{orow} + j] = {x.ptr}[{xrow} + j] * yr_r;"
+            )
+
+    def _emit_concat(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        parts = [self.tiles[int(a)] for a in op["args"]]
+        dims = self._dims(oid)
+        dim = int(op["dim"]) % len(dims)
+        out = self._private(oid, dims)
+        self.tiles[oid] = out
+        start = 0
+        for p in parts:
+            with self._nest(w, p.dims) as idx:
+                oi = list(idx)
+                if start:
+                    oi[dim] = f"({idx[dim]} + {start})" if idx[dim] != "0" else str(start)
+                w(f"{self._at_raw(out, oi)} = {p.at(idx)};")
+            start += p.dims[dim]
+        if start != dims[dim]:
+            raise self._err(f"concat op {oid}: parts do not add up to {dims}")
+
+    # -- accumulators ----------------------------------------------------------------------
+    def _acc_kind(self, op: Mapping[str, Any]) -> str:
+        kind = op.get("acc", "iter")
+        kind = "iter" if kind is None else str(kind)
+        if kind not in ("iter", "sum", "rms", "sum_todimx"):
+            raise self._err(f"unknown accumulator {kind!r}")
+        return kind
+
+    def _declare_accum(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        dims = self._dims(oid)
+        t = self._private(oid, dims, prefix="acc")
+        self.tiles[oid] = t
+        w(f"for (int j = 0; j < {_prod(dims)}; ++j) {t.ptr}[j] = 0.0f;")
+
+    def _emit_rescale(self, w: _Writer, acc_id: int) -> None:
+        factors = []
+        for e, d in self.rescales.get(acc_id, []):
+            if self.phase[e] == "pre":
+                continue  # the shift is constant: nothing to rescale
+            factors.extend([f"yr_s{e}[r]"] * d if d > 0 else [f"(1.0f / yr_s{e}[r])"] * -d)
+        if not factors:
+            return
+        t = self.tiles[acc_id]
+        rows = _prod(t.dims[:-1])
+        cols = t.dims[-1]
+        with w.block(f"for (int r = 0; r < {rows}; ++r)"):
+            w(f"const float yr_f = {' * '.join(factors)};")
+            w("#pragma omp simd")
+            w(f"for (int j = 0; j < {cols}; ++j) {t.ptr}[r * {cols} + j] *= yr_f;")
+
+    def _emit_accum(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        if oid in self.fused_accums:
+            return  # the producing matmul adds into it directly
+        acc = self.tiles[oid]
+        x = self.tiles[int(op["args"][0])]
+        kind = self._acc_kind(op)
+        self._emit_rescale(w, oid)
+        if kind == "iter":
+            if x.dims != acc.dims:
+                raise self._err(f"accum {oid}: {x.dims} -> {acc.dims}")
+            with self._nest(w, acc.dims) as idx:
+                w(f"{acc.at(idx)} += {x.at(idx)};")
+            return
+        last = len(x.dims) - 1
+        if kind in ("sum", "rms"):
+            if acc.dims != (*x.dims[:-1], 1):
+                raise self._err(f"accum {oid} ({kind}): {x.dims} -> {acc.dims}")
+            self._reduce_into(w, acc, x, last, 1, x.dims[-1], "+=", square=kind == "rms")
+            return
+        dimx = int(op.get("dimx", acc.dims[-1]))
+        if acc.dims != (*x.dims[:-1], dimx) or x.dims[-1] % dimx:
+            raise self._err(f"accum {oid} (sum_todimx, dimx={dimx}): {x.dims} -> {acc.dims}")
+        self._reduce_into(w, acc, x, last, dimx, x.dims[-1] // dimx, "+=")
+
+    def _finish_accum(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+        if self._acc_kind(op) != "rms":
+            return
+        acc = self.tiles[oid]
+        arg_dims = self._dims(int(op["args"][0]))
+        extent = int(op.get("extent", arg_dims[-1] * self.loop_range))
+        eps = _flt(float(op.get("eps", 0.0)))
+        w("#pragma omp simd")
+        with w.block(f"for (int j = 0; j < {_prod(acc.dims)}; ++j)"):
+            w(f"{acc.ptr}[j] = sqrtf({acc.ptr}[j] / {_flt(extent)} + {eps});")
+
+    # -- outputs ---------------------------------------------------------------------------
+    def _emit_output(self, w: _Writer, index: int, out: Mapping[str, Any]) -> None:
+        bid = int(out["buffer"])
+        buf = self.buffers.get(bid)
+        if buf is None:
+            raise self._err(f"output {index} writes unknown buffer {bid}")
+        bdims = [int(d) for d in buf["dims"]]
+        src = self.tiles[int(out["src"])]
+        tile = tuple(int(d) for d in out.get("tile", src.dims))
+        if _prod(tile) != _prod(src.dims) or len(tile) != len(bdims):
+            raise self._err(f"output {index}: tile {tile} vs source {src.dims} / buffer {bdims}")
+        if self._uses_iter(out["offsets"]):
+            raise self._err(f"output {index}: output offsets cannot use the loop index")
+        off = self._offset_expr(out["offsets"], bdims)
+        bstrides = _row_major(bdims)
+        conv = _STORE[buf["dtype"]]
+        srct = _Tile(src.ptr, tile, _row_major(tile), True) if src.dims != tile else src
+        base = f"yr_o{index}"
+        w(f"const int64_t {base} = {off};")
+        exps = self.scaled_outputs.get(index, [])
+        cols = tile[-1]
+        with self._nest(w, tile) as idx:
+            dst = self._at_raw(_Tile(f"B{bid}", tile, bstrides, False), idx)
+            dst = dst.replace(f"B{bid}[", f"B{bid}[{base} + ", 1)
+            val = srct.at(idx)
+            for e in exps:
+                row = f"({self._lin(idx, tile)}) / {cols}"
+                val = f"{val} * yr_exp(yr_m{e}[{row}])"
+            w(f"{dst} = {conv.format(val)};")
+
+    # -- the function ----------------------------------------------------------------------
+    def _emit_op(self, w: _Writer, oid: int) -> None:
+        op = self.ops[oid]
+        kind = op["op"]
+        if kind == "input":
+            self._emit_input(w, oid, op)  # views must stay visible: no scope of their own
+            return
+        if kind == "accum" and oid in self.fused_accums:
+            return
+        w(f"{{ /* op {oid}: {kind} */")
+        w.ind += 1
+        self._emit_op_body(w, oid, op, kind)
+        w.ind -= 1
+        w("}")
+
+    def _emit_op_body(self, w: _Writer, oid: int, op: Mapping[str, Any], kind: str) -> None:
+        if kind == "unary":
+            self._emit_unary(w, oid, op)
+        elif kind == "binary":
+            self._emit_binary(w, oid, op)
+        elif kind == "matmul":
+            self._emit_matmul(w, oid, op)
+        elif kind in ("reduction", "reduction_to_dimx"):
+            self._emit_reduction(w, oid, op)
+        elif kind == "rms_norm":
+            self._emit_rms_norm(w, oid, op)
+        elif kind == "concat":
+            self._emit_concat(w, oid, op)
+        elif kind == "accum":
+            self._emit_accum(w, oid, op)
+        else:
+            raise self._err(f"unknown tile op {kind!r} (op {oid})")
+
+    def print(self) -> str:
+        order = list(self.ops)
+        pre = [o for o in order if self.phase[o] == "pre"]
+        loop = [o for o in order if self.phase[o] in ("loop", "accum")]
+        epi = [o for o in order if self.phase[o] == "epilogue"]
+        accums = [o for o in order if self.ops[o]["op"] == "accum"]
+
+        body = _Writer(0)
+        for o in accums:
+            self._declare_accum(body, o, self.ops[o])
+        for e in self.softmax_of_exp:
+            x_dims = self._dims(int(self.ops[e]["args"][0]))
+            rows = _prod(x_dims[:-1])
+            body(f"float yr_m{e}[{rows}];")
+            body(f"float yr_s{e}[{rows}];")
+            body(
+                f"for (int j = 0; j < {rows}; ++j) {{ yr_m{e}[j] = -INFINITY; yr_s{e}[j] = 1.0f; }}"
+            )
+            body(f"(void)yr_s{e};")
+        for o in pre:
+            self._emit_op(body, o)
+        with body.block(f"for (int iter = 0; iter < {self.loop_range}; ++iter)"):
+            for o in loop:
+                self._emit_op(body, o)
+        for o in accums:
+            self._finish_accum(body, o, self.ops[o])
+        for o in epi:
+            self._emit_op(body, o)
+        for i, out in enumerate(self.k.get("outputs", [])):
+            self._emit_output(body, i, out)
+        return self._function(body)
+
+    def _function(self, body: _Writer) -> str:
+        used_bufs = sorted(
+            {int(i["buffer"]) for i in self.k.get("inputs", [])}
+            | {int(o["buffer"]) for o in self.k.get("outputs", [])}
+        )
+        out_bufs = {int(o["buffer"]) for o in self.k.get("outputs", [])}
+        nblocks = _prod(self.grid)
+        heap = sum(n for _, n in self.private_decls) * 4 > _STACK_LIMIT
+        w = _Writer()
+        w(f"/* kernel {self._name()!r}: grid {list(self.grid)}, forloop_range {self.loop_range} */")
+        with w.block(f"int {self.symbol}(void **buffers)"):
+            for bid in used_bufs:
+                ctype = _DTYPE_C[self.buffers[bid]["dtype"]]
+                const = "" if bid in out_bufs else "const "
+                w(f"{const}{ctype} *restrict B{bid} = ({const}{ctype} *)buffers[{bid}];")
+            w("int yr_status = 0;")
+            if nblocks > 1:
+                w("#pragma omp parallel")
+            with w.block(""):
+                if heap:
+                    total = sum(-(-n // 16) * 16 for _, n in self.private_decls)
+                    w(f"float *yr_scratch = (float *)aligned_alloc({self.align}, {total * 4});")
+                    w("const int yr_fail = (yr_scratch == NULL);")
+                live = [a for a in (2, 1, 0) if self.grid[a] > 1]
+                if live:
+                    w(f"#pragma omp for collapse({len(live)}) schedule({SCHEDULE})")
+                    for a in live[:-1]:
+                        v = _BLOCK_VARS[a]
+                        w(f"for (int {v} = 0; {v} < {self.grid[a]}; ++{v})")
+                    v = _BLOCK_VARS[live[-1]]
+                    head = f"for (int {v} = 0; {v} < {self.grid[live[-1]]}; ++{v})"
+                else:
+                    head = ""
+                with w.block(head):
+                    for a in (0, 1, 2):
+                        if self.grid[a] == 1:
+                            w(f"const int {_BLOCK_VARS[a]} = 0;")
+                    w("(void)bx; (void)by; (void)bz;")
+                    if heap:
+                        w("if (yr_fail) continue;" if live else "if (yr_fail) goto yr_done;")
+                        off = 0
+                        for name, n in self.private_decls:
+                            w(f"float *restrict {name} = yr_scratch + {off};")
+                            off += -(-n // 16) * 16
+                    else:
+                        for name, n in self.private_decls:
+                            w(f"float {name}[{n}] __attribute__((aligned({self.align})));")
+                    w.lines.extend(_reindent(body.lines, w.ind))
+                    if heap and not live:
+                        w("yr_done:;")
+                if heap:
+                    w("free(yr_scratch);")
+                    with w.block("if (yr_fail)"):
+                        w("#pragma omp atomic write")
+                        w("yr_status = 1;")
+            w("return yr_status;")
+        return w.text()
+
+
+def _reindent(lines: list[str], levels: int) -> list[str]:
+    pad = "    " * levels
+    return [pad + ln if ln else ln for ln in lines]
+
+
+# -- the whole program -----------------------------------------------------------------------
+
+_PRELUDE = r"""/* Generated by yirage-cpu (printer version %(codegen)s) from a yirage.kernel_plan.
+ * graph %(graph_hash)s; SIMD width %(simd)d bits.
+ * One function per generated kernel: int yr_<name>(void **buffers), buffers indexed by
+ * plan buffer id. Returns 0 on success, nonzero when scratch memory could not be allocated.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#if defined(__FLT16_MAX__) && !defined(YR_SOFT_HALF)
+typedef _Float16 yr_half;
+static inline float yr_h2f(yr_half h) { return (float)h; }
+static inline yr_half yr_f2h(float f) { return (yr_half)f; }
+#else
+/* Software IEEE binary16 conversions (round to nearest even), for compilers without
+ * _Float16. */
+typedef uint16_t yr_half;
+static inline float yr_h2f(yr_half h) {
+    const uint32_t s = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1fu;
+    const uint32_t m = h & 0x3ffu;
+    uint32_t u;
+    float f;
+    if (e == 0) {
+        f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24 */
+        return s ? -f : f;
+    } else if (e == 31) {
+        u = s | 0x7f800000u | (m << 13);
+    } else {
+        u = s | ((e + 112u) << 23) | (m << 13);
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline yr_half yr_f2h(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t s = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (yr_half)(s | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (a >= 0x477ff000u) return (yr_half)(s | 0x7c00u);
+    if (a < 0x38800000u) {
+        float v;
+        memcpy(&v, &a, 4);
+        return (yr_half)(s | (uint16_t)lrintf(v * 16777216.0f));
+    }
+    uint32_t h = ((((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13));
+    const uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1u;
+    return (yr_half)(s | h);
+}
+#endif
+
+/* One SIMD register of floats (GCC/Clang vector extension). */
+typedef float yr_vf __attribute__((vector_size(%(vlb)d)));
+
+static inline float yr_bf2f(uint16_t v) {
+    const uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t yr_f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* exp for float that vectorises (no libm call): Cody-Waite range reduction and a degree-6
+ * polynomial (about 1 ulp); the scale 2^n is applied in two halves so results underflow to
+ * denormals/zero and overflow to infinity like expf. NaN propagates. */
+static inline float yr_exp(float x) {
+    const float xc = (x != x) ? 0.0f : (x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x));
+    const float t = xc * 1.44269504088896341f;
+    const int32_t n = (int32_t)(t + (t >= 0.0f ? 0.5f : -0.5f));
+    const float fn = (float)n;
+    float r = xc - fn * 0.693359375f;
+    r = r + fn * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t n1 = n / 2;
+    const int32_t n2 = n - n1;
+    const uint32_t b1 = (uint32_t)(n1 + 127) << 23;
+    const uint32_t b2 = (uint32_t)(n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, 4);
+    memcpy(&s2, &b2, 4);
+    const float y = p * s1 * s2;
+    return (x != x) ? x : y;
+}
+
+/* Threads OpenMP will use (reported by the runtime). */
+int yr_omp_max_threads(void) { return omp_get_max_threads(); }
+"""
+
+
+def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
+    """Print ``plan`` (dict, JSON string or an object with ``to_json()``) as C source."""
+    p = normalize_plan(plan)
+    buffers = _buffers_by_id(p)
+    functions: list[str] = []
+    steps: list[Step] = []
+    used: set[str] = set()
+    for index, kernel in enumerate(p["kernels"]):
+        if not isinstance(kernel, Mapping):
+            raise CodegenError(f"plan kernel {index} is not an object")
+        kind = kernel.get("kind")
+        if kind == "library":
+            steps.append(Step("library", index))
+            continue
+        if kind != "generated":
+            raise CodegenError(f"plan kernel {index} has unknown kind {kind!r}")
+        base = "yr_" + _ident(kernel.get("name", f"k{index}"))
+        symbol = base
+        n = 1
+        while symbol in used:
+            symbol = f"{base}_{n}"
+            n += 1
+        used.add(symbol)
+        functions.append(_KernelPrinter(kernel, buffers, symbol, simd_width_bits).print())
+        steps.append(Step("generated", index, symbol))
+    prelude = _PRELUDE % {
+        "codegen": CODEGEN_VERSION,
+        "graph_hash": str(p.get("graph_hash", "?"))[:64].replace("*/", ""),
+        "simd": simd_width_bits,
+        "vlb": max(4, simd_width_bits // 8),
+    }
+    code = prelude + "\n" + "\n\n".join(functions) + "\n"
+    return CpuSource(code=code, plan=p, steps=tuple(steps), simd_width_bits=simd_width_bits)

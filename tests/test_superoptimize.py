@@ -1,0 +1,391 @@
+"""superoptimize end to end on the CPU backend: search → plan → codegen → compile → run,
+numeric check against the float64 reference evaluator, profiling, the decision cache,
+save/load, and rejection of broken candidates.
+
+Two layers: tests with a stand-in search (hand-written KernelPlans of docs/kernel-plan.md,
+so the pipeline around the search is pinned down exactly), and tests through the real
+``yirage.search`` for every TARGETS.md workload at its CPU shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import yirage as yr
+from yirage import _superoptimize
+from yirage._kernel import NumericCheckError, load_kernel
+from yirage._superoptimize import SuperoptimizeError, superoptimize
+from yirage._workloads import WORKLOADS, get_workload
+
+PLAN_FILE = Path(__file__).parent / "cpu" / "plans" / "rmsnorm_matmul.json"
+FAST_PROFILE = {"min_time_s": 0.01, "min_repeats": 5}
+
+cpu_backend = pytest.mark.skipif(
+    not yr.is_backend_available("cpu"), reason="the cpu backend is not installed"
+)
+pytestmark = cpu_backend
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh cache per test; decisions are cached however noisy the shared CI machine's
+    timings are (test_noisy_timings_are_not_cached checks the guard)."""
+    monkeypatch.setenv("YIRAGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setattr(_superoptimize, "_noisy", lambda spread: False)
+
+
+def _rms_graph(dtype: yr.DType = yr.float32) -> yr.KernelGraph:
+    g = yr.new_kernel_graph()
+    x = g.new_input((8, 512), dtype)
+    w = g.new_input((512, 768), dtype)
+    g.mark_output(g.matmul(g.rms_norm(x, (512,), eps=1e-6), w))
+    return g
+
+
+def _fused_plan(dtype: str = "float32") -> dict[str, Any]:
+    plan = json.loads(PLAN_FILE.read_text())
+    for b in plan["buffers"]:
+        b["dtype"] = dtype
+    return plan
+
+
+def _baseline_plan(dtype: str = "float32") -> dict[str, Any]:
+    return {
+        "format": "yirage.kernel_plan",
+        "version": 1,
+        "graph_hash": "baseline",
+        "buffers": [
+            {"id": 0, "dims": [8, 512], "dtype": dtype, "role": "input", "index": 0},
+            {"id": 1, "dims": [512, 768], "dtype": dtype, "role": "input", "index": 1},
+            {"id": 2, "dims": [8, 768], "dtype": dtype, "role": "output", "index": 0},
+            {"id": 3, "dims": [8, 512], "dtype": "float32", "role": "intermediate"},
+        ],
+        "kernels": [
+            {
+                "kind": "library",
+                "op": "rms_norm",
+                "inputs": [0],
+                "outputs": [3],
+                "params": {"num_normalized_dims": 1, "eps": 1e-6, "has_weight": False},
+            },
+            {"kind": "library", "op": "matmul", "inputs": [3, 1], "outputs": [2], "params": {}},
+        ],
+    }
+
+
+def _broken_plan() -> dict[str, Any]:
+    plan = _fused_plan()
+    plan["graph_hash"] = "broken"
+    plan["kernels"][0]["ops"][5]["binop"] = "mul"  # multiplies by the rms instead of dividing
+    return plan
+
+
+class _Cand:
+    def __init__(self, plan: dict[str, Any], predicted: float) -> None:
+        self._plan = plan
+        self.predicted_us = predicted
+        self.hash = plan["graph_hash"]
+
+    def kernel_plan(self) -> Any:
+        text = json.dumps(self._plan)
+        return SimpleNamespace(to_json=lambda: text)
+
+
+def _fake_search(monkeypatch: pytest.MonkeyPatch, plans: list[dict[str, Any]]) -> list[int]:
+    calls: list[int] = []
+
+    def search(
+        graph: Any, backend: Any, config: Any, options: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        calls.append(1)
+        return [_Cand(p, 10.0 + i) for i, p in enumerate(plans)], {
+            "states_explored": 3,
+            "stop_reason": "fake",
+        }
+
+    monkeypatch.setattr(_superoptimize, "_search", search)
+    return calls
+
+
+def _corrupt(code: str) -> str:
+    """Make every generated matmul 1% too large (both the micro-kernel and the row path)."""
+    code = re.sub(r"(yr_c[\d_]+ \+= yr_s[\d_]+) \* (yr_b[\d_]+);", r"\1 * \2 * 1.01f;", code)
+    return code.replace("+= yr_a * yr_br[", "+= 1.01f * yr_a * yr_br[")
+
+
+def _inputs(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        rng.standard_normal((8, 512), dtype=np.float32),
+        rng.standard_normal((512, 768), dtype=np.float32) / 20,
+    ]
+
+
+def _rel(a: Any, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a, dtype=np.float64) - b) / np.linalg.norm(b))
+
+
+# -- with a stand-in search --------------------------------------------------------------------
+
+
+def test_broken_candidate_is_rejected_and_the_fastest_passing_one_returned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_search(monkeypatch, [_broken_plan(), _fused_plan(), _baseline_plan()])
+    g = _rms_graph()
+    k = superoptimize(g, backend="cpu", profile_options=FAST_PROFILE)
+    rep = k.report
+    statuses = [c.status for c in rep.candidates]
+    assert statuses[0] == "rejected" and "numeric check failed" in (rep.candidates[0].error or "")
+    assert rep.candidates[0].max_rel_err is not None and rep.candidates[0].max_rel_err > 1e-4
+    assert statuses[1:] == ["ok", "ok"]
+    assert rep.chosen_index in (1, 2)
+    assert rep.chosen_index == min((1, 2), key=lambda i: rep.candidates[i].measured_us)
+    assert rep.backend == "cpu" and rep.verification_level == "ran on hardware"
+    assert "-fopenmp" in rep.toolchain["flags"] and rep.toolchain["compiler"]
+    assert rep.search == {"states_explored": 3, "stop_reason": "fake"}
+    assert rep.max_rel_err is not None and rep.max_rel_err <= 1e-4 and rep.tolerance == 1e-4
+    assert k.backend == "cpu" and isinstance(k.plan, dict)
+    x, w = _inputs()
+    (ref,) = g.evaluate([x, w])
+    (y,) = k(x, w)
+    (y2,) = k(inputs=[x, w])
+    np.testing.assert_array_equal(y, y2)
+    assert _rel(y, ref) < 1e-5
+    assert "candidate" in str(rep) and "rejected" in str(rep)
+
+
+def test_codegen_emitting_wrong_code_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from yirage_cpu._backend import CpuBackend
+
+    original = CpuBackend.codegen
+
+    def wrong(self: CpuBackend, plan: Any) -> Any:
+        src = original(self, plan)
+        return dataclasses.replace(src, code=_corrupt(src.code))
+
+    monkeypatch.setattr(CpuBackend, "codegen", wrong)
+    _fake_search(monkeypatch, [_fused_plan()])
+    with pytest.raises(SuperoptimizeError, match="no candidate passed") as info:
+        superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
+    (cand,) = info.value.report.candidates
+    assert cand.status == "rejected" and cand.max_rel_err is not None and cand.max_rel_err > 1e-3
+
+
+_REAL_NOISY = _superoptimize._noisy
+
+
+def test_noisy_timings_are_not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    from yirage_cpu._backend import CpuBackend
+    from yirage_cpu._runtime import ProfileResult
+
+    monkeypatch.setattr(_superoptimize, "_noisy", _REAL_NOISY)
+    calls_of: dict[int, int] = {}
+
+    def jittery(self: CpuBackend, launcher: Any, inputs: Any = None, **kw: Any) -> ProfileResult:
+        n = calls_of[id(launcher)] = calls_of.get(id(launcher), 0) + 1
+        t = 100.0 * 2.0**n  # never reproduced: every round twice as slow as the last
+        return ProfileResult(t, t, t, 30, 3)
+
+    monkeypatch.setattr(CpuBackend, "profile", jittery)
+    calls = _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
+    k = superoptimize(_rms_graph(), backend="cpu")
+    assert any("timings were noisy" in n for n in k.report.notes)
+    superoptimize(_rms_graph(), backend="cpu")
+    assert len(calls) == 2  # nothing was cached: searched and profiled again
+    assert _REAL_NOISY({0: [100.0, 120.0, 900.0], 1: [50.0, 51.0]}) is False
+    assert _REAL_NOISY({0: [100.0, 300.0, 900.0]}) is True
+
+
+def test_library_baseline_winner_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_search(monkeypatch, [_baseline_plan()])
+    k = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
+    assert k.report.chosen_is_library_baseline
+    assert "unfused library baseline" in k.report.chosen_description
+    assert any("library baseline" in n for n in k.report.notes)
+
+
+def test_float16_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_search(monkeypatch, [_fused_plan("float16"), _baseline_plan("float16")])
+    g = _rms_graph(yr.float16)
+    k = superoptimize(g, backend="cpu", profile_options=FAST_PROFILE)
+    assert k.report.tolerance == 1e-2
+    assert all(c.status == "ok" for c in k.report.candidates)
+    x, w = (a.astype(np.float16) for a in _inputs(3))
+    (y,) = k(x, w)
+    assert y.dtype == np.float16
+    (ref,) = g.evaluate([x, w])
+    assert _rel(y, ref) < 2e-3
+
+
+def test_decision_cache_skips_search_and_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
+    g = _rms_graph()
+    k1 = superoptimize(g, backend="cpu", profile_options=FAST_PROFILE)
+    assert len(calls) == 1 and not k1.report.from_cache
+    k2 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
+    assert len(calls) == 1 and k2.report.from_cache  # no second search
+    assert k2.plan == k1.plan and k2.report.search_s == 0.0 and k2.report.max_rel_err is not None
+    assert k2.report.check_seed == k1.report.check_seed  # re-checked on the stored reference
+    x, w = _inputs(4)
+    np.testing.assert_array_equal(k1(x, w)[0], k2(x, w)[0])
+    refs = list(Path(os.environ["YIRAGE_CACHE_DIR"]).glob("v1/superoptimize/*.ref.npz"))
+    assert len(refs) == 1
+    refs[0].write_bytes(b"corrupt")  # an unreadable reference: evaluated afresh instead
+    k3 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
+    assert k3.report.from_cache and k3.report.max_rel_err is not None and len(calls) == 1
+    superoptimize(g, backend="cpu", cache=False, profile_options=FAST_PROFILE)
+    assert len(calls) == 2
+
+
+def test_save_and_load_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_search(monkeypatch, [_fused_plan()])
+    g = _rms_graph()
+    k = superoptimize(g, backend="cpu", profile_options=FAST_PROFILE)
+    x, w = _inputs(5)
+    (y,) = k(x, w)
+    for target in (tmp_path / "saved_dir", tmp_path / "saved.yrk.json"):
+        path = k.save(target)
+        if path.is_dir():
+            assert {p.name for p in path.iterdir()} == {
+                "graph.json",
+                "plan.json",
+                "kernel.c",
+                "metadata.json",
+            }
+            assert (path / "kernel.c").read_text() == k.source
+        k2 = load_kernel(path)
+        assert k2.backend == "cpu" and k2.plan == k.plan and k2.source == k.source
+        np.testing.assert_array_equal(k2(x, w)[0], y)
+        assert k2.report.chosen_index == k.report.chosen_index
+        assert any("loaded from" in n for n in k2.report.notes)
+    meta = json.loads((tmp_path / "saved_dir" / "metadata.json").read_text())
+    meta["graph_hash"] = "0" * 16
+    (tmp_path / "saved_dir" / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(yr.SerializationError, match="recorded hash"):
+        load_kernel(tmp_path / "saved_dir")
+    with pytest.raises(yr.SerializationError, match="no saved yirage kernel"):
+        load_kernel(tmp_path / "missing")
+
+
+def test_load_checks_the_numbers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_search(monkeypatch, [_fused_plan()])
+    path = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE).save(
+        tmp_path / "k"
+    )
+    plan = json.loads((path / "plan.json").read_text())
+    plan["kernels"][0]["ops"][5]["binop"] = "mul"  # an edited plan computes something else
+    (path / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(NumericCheckError, match="fails the numeric check"):
+        load_kernel(path)
+
+
+def _rmsnorm_linear_cpu_plan() -> dict[str, Any]:
+    """The fused RMSNorm + Linear plan at the workload's CPU shape (two 768-wide blocks)."""
+    plan = _fused_plan()
+    plan["graph_hash"] = "demo"
+    plan["buffers"][0]["dims"], plan["buffers"][1]["dims"] = [8, 1024], [1024, 1536]
+    plan["buffers"][2]["dims"] = [8, 1536]
+    k = plan["kernels"][0]
+    k["grid"], k["forloop_range"] = [2, 1, 1], 32
+    k["inputs"][0]["dims"], k["inputs"][1]["dims"] = [8, 1024], [1024, 1536]
+    k["inputs"][1]["tile"] = [32, 768]
+    k["inputs"][1]["offsets"][1][0]["stride"] = 768
+    k["ops"][1]["dims"] = [32, 768]
+    for i in (2, 3, 5):
+        k["ops"][i]["dims"] = [8, 768]
+    k["ops"][4]["extent"] = 1024
+    k["outputs"][0]["tile"] = [8, 768]
+    k["outputs"][0]["offsets"][1][0]["stride"] = 768
+    return plan
+
+
+def test_demo_command(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    from yirage import cli
+
+    _fake_search(monkeypatch, [_rmsnorm_linear_cpu_plan()])
+    assert cli.main(["demo", "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "rmsnorm_linear" in out and "PyTorch eager" in out and "speedup" in out
+    assert cli.main(["demo", "--backend", "cpu", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["from_cache"] and row["max_rel_err"] < 1e-4
+    assert row["yirage_us"] > 0 and row["baseline_us"] > 0 and row["backend"] == "cpu"
+
+
+def test_unknown_backend_is_loud() -> None:
+    with pytest.raises(yr.BackendUnavailableError, match="nosuch"):
+        superoptimize(_rms_graph(), backend="nosuch")
+
+
+# -- through the real search -------------------------------------------------------------------
+
+_HAS_SEARCH = importlib.util.find_spec("yirage._search") is not None
+needs_search = pytest.mark.skipif(
+    not _HAS_SEARCH, reason="yirage.search is not available in this build"
+)
+
+
+@needs_search
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_every_workload_end_to_end_on_cpu(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    w = get_workload(name)
+    g = w.graph("cpu")
+    k = superoptimize(g, "cpu", w.search_config, profile_options=FAST_PROFILE, time_limit=30)
+    rep = k.report
+    assert rep.chosen_index is not None and rep.max_rel_err is not None and rep.max_rel_err <= 1e-4
+    assert all(c.status in ("ok", "rejected", "error") for c in rep.candidates)
+    assert k.source and k.plan["format"] == "yirage.kernel_plan"
+    inputs = w.inputs("cpu", seed=7)
+    outs = k(*inputs)  # torch tensors in, torch tensors out
+    refs = g.evaluate([t.double().numpy() for t in inputs])
+    theirs = w.reference(*inputs)
+    for o, r, t in zip(outs, refs, theirs, strict=True):
+        assert isinstance(o, torch.Tensor)
+        assert _rel(o.numpy(), r) < 1e-4
+        assert _rel(o.numpy(), t.double().numpy()) < 1e-4
+
+
+@needs_search
+def test_wrong_codegen_is_rejected_with_the_real_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    from yirage_cpu._backend import CpuBackend
+
+    original = CpuBackend.codegen
+
+    def wrong(self: CpuBackend, plan: Any) -> Any:
+        src = original(self, plan)
+        return dataclasses.replace(src, code=_corrupt(src.code))
+
+    monkeypatch.setattr(CpuBackend, "codegen", wrong)
+    g = get_workload("rmsnorm_linear").graph("cpu")
+    try:
+        k = superoptimize(g, backend="cpu", profile_options=FAST_PROFILE)
+    except SuperoptimizeError as exc:
+        rep = exc.report
+    else:
+        rep = k.report
+        assert rep.chosen_is_library_baseline  # only code without generated kernels survives
+    generated = [c for c in rep.candidates if "generated" in c.description]
+    assert generated and all(c.status == "rejected" for c in generated)
+
+
+@needs_search
+def test_save_load_round_trip_with_the_real_search(tmp_path: Path) -> None:
+    w = get_workload("gqa_decode")
+    g = w.graph("cpu")
+    k = superoptimize(g, backend="cpu", profile_options=FAST_PROFILE)
+    k2 = load_kernel(k.save(tmp_path / "gqa"))
+    ins = w.inputs("cpu", seed=1, numpy=True)
+    np.testing.assert_array_equal(k(*ins)[0], k2(*ins)[0])
