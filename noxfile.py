@@ -19,7 +19,9 @@ import nox
 ROOT = Path(__file__).resolve().parent
 VENDORS = ("cpu", "cuda", "rocm", "mps", "ascend", "tpu")
 HARDWARE = ("cuda", "rocm", "mps", "ascend", "tpu")
-TEST_DEPS = ("pytest>=8", "hypothesis>=6")
+# torch (CPU use), triton (its interpreter runs the generated CUDA kernels without a GPU) and
+# matplotlib (benchmark plots) are test dependencies: without them those tests would skip.
+TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch", "triton", "matplotlib")
 
 nox.options.sessions = ["lint", "rust", "tests"]
 nox.options.reuse_existing_virtualenvs = True
