@@ -2,7 +2,7 @@
 
 nox -s ci            lint, then rust, then tests (what .ci/run runs)
 nox -s lint          ruff, cargo fmt, clippy, mypy, stub check against the native module
-nox -s rust          cargo test --workspace
+nox -s rust          cargo test --workspace --release
 nox -s tests         build the wheel, install it and the vendor packages, run pytest
 nox -s demo          the RMSNorm + Linear example end to end on the reference evaluator
 nox -s tests-cuda    hardware tests (also -rocm, -mps, -ascend, -tpu; tags: hardware, <vendor>);
@@ -58,7 +58,7 @@ def _install_yirage(session: nox.Session, *, vendors: bool = True) -> None:
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
     """Static checks of Python and Rust, and the native module against its stub."""
-    session.install("ruff", "mypy")
+    session.install("ruff==0.17.6", "mypy")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("cargo", "fmt", "--all", "--check", external=True)
@@ -72,7 +72,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=False, tags=["ci"])
 def rust(session: nox.Session) -> None:
     """Rust unit and integration tests."""
-    session.run("cargo", "test", "--workspace", external=True)
+    session.run("cargo", "test", "--workspace", "--release", external=True)
 
 
 @nox.session(tags=["ci"])

@@ -483,7 +483,7 @@ class ThreadBlockGraph(_ElementwiseOps[STensor]):
         return self._t(self._g.reduction(self._id(x), check_int(dim, "dim", ShapeError)))
 
     def reduction_to_dimx(self, x: STensor, dim: int) -> STensor:
-        """Sum ``dim`` in strided groups (out[j] = Σ_g x[g·dimx + j]) down to ``reduction_dimx`` elements."""
+        """Reduce ``dim`` to ``reduction_dimx`` elements: ``out[j] = Σ_g x[g·dimx + j]``."""
         return self._t(self._g.reduction_to_dimx(self._id(x), check_int(dim, "dim", ShapeError)))
 
     def rms_norm(self, x: STensor, eps: float = _DEFAULT_EPS) -> STensor:
