@@ -530,6 +530,14 @@ class _KernelPrinter:
     def emit_binary(self, o: TileOp) -> None:
         a, b = (self.vals[x] for x in o.args)
         out_p = self.pdims[o.id]
+        if o.attr("binop") == "div":
+            # padded lanes of the divisor hold 0 (or garbage): make them 1 so the padded
+            # lanes of the quotient stay finite (0/0 warns in the interpreter); the real
+            # lanes, and the quotient's (unclaimed) padding, are unaffected
+            pad = [d for d in range(b.rank) if b.padded(d)]
+            if pad:
+                den = self.masked(b, pad, fill="1.0", force=True)
+                b = _Val(f"({den})", b.dims, b.pdims, "float32", b.clean)
         ea = self.broadcast_operand(a, o.dims, out_p)
         eb = self.broadcast_operand(b, o.dims, out_p)
         name = o.attr("binop")

@@ -61,7 +61,7 @@ pub const GPU_MEM_LATENCY_US: f64 = 1.0;
 pub const GPU_ITER_US: f64 = 0.1;
 /// GPU: per-iteration tile bytes of a block above which the register-staged tiles spill or
 /// cut occupancy; bandwidth is charged at `GPU_TILE_BYTES_MAX / tile` beyond it.
-pub const GPU_TILE_BYTES_MAX: f64 = 32.0 * 1024.0;
+pub const GPU_TILE_BYTES_MAX: f64 = 24.0 * 1024.0;
 /// GPU: most blocks of one kernel resident on a unit at once.
 pub const GPU_MAX_RESIDENT: u64 = 4;
 
