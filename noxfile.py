@@ -4,7 +4,8 @@ nox -s ci            lint, then rust, then tests (what .ci/run runs)
 nox -s lint          ruff, cargo fmt, clippy, mypy, stub check against the native module
 nox -s rust          cargo test --workspace --release
 nox -s tests         build the wheel, install it and the vendor packages, run pytest
-nox -s demo          the RMSNorm + Linear example end to end on the reference evaluator
+nox -s demo          superoptimize the bundled RMSNorm + Linear example and print the table
+nox -s bench         the benchmark harness (yirage bench)
 nox -s tests-cuda    hardware tests (also -rocm, -mps, -ascend, -tpu; tags: hardware, <vendor>);
                      they skip without the device unless YIRAGE_REQUIRE_DEVICE=1
 """
@@ -92,10 +93,19 @@ def ci(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Build the RMSNorm + Linear example, show its µGraph, check it, then `yirage doctor`."""
+    """Superoptimize the bundled RMSNorm + Linear example on the best available backend."""
     _install_yirage(session)
-    session.run("python", "docs/examples/rmsnorm_linear.py")
+    session.install("torch")  # the PyTorch eager column of the table
     session.run("yirage", "doctor")
+    session.run("yirage", "demo", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """yirage vs PyTorch eager, torch.compile and experts: `nox -s bench -- --backend cpu`."""
+    _install_yirage(session)
+    session.install("torch", "matplotlib")
+    session.run("yirage", "bench", *(session.posargs or ["--backend", "cpu", "--workloads", "all"]))
 
 
 def _hardware_session(vendor: str) -> None:

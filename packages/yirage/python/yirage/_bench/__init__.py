@@ -1,0 +1,134 @@
+"""The benchmark harness: ``yirage bench`` (see benchmarks/README.md).
+
+yirage vs PyTorch eager vs ``torch.compile`` vs expert kernels vs the measured roofline, on the
+TARGETS.md workloads of ``yirage._workloads``, in one process. Needs torch (and matplotlib for
+the chart); both are imported only when a benchmark runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_bench_parser", "cmd_bench"]
+
+DEFAULT_OUT = Path("benchmarks/results")
+
+
+def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``bench`` subcommand to the CLI's subparsers."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "bench",
+        help="benchmark yirage against PyTorch eager, torch.compile, expert kernels, roofline",
+        description=(
+            "Benchmark yirage's superoptimized kernels against PyTorch eager, torch.compile "
+            "(max-autotune-no-cudagraphs) and expert kernels (SDPA), with the roofline "
+            "measured on the spot. Writes results.json, results.md, run.json and results.png "
+            "under OUT/<device-slug>/."
+        ),
+    )
+    p.add_argument("--backend", default="cpu", help="yirage backend (cpu, cuda, rocm); default cpu")
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        default=["all"],
+        metavar="NAME",
+        help="'all' (default), workload names (rmsnorm_linear …) or case names "
+        "(rmsnorm_linear_b16 …)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"results folder; files go to OUT/<device-slug>/ (default {DEFAULT_OUT})",
+    )
+    p.add_argument(
+        "--shapes",
+        default=None,
+        help="shape presets: 'cpu' (reduced, float32) or 'gpu' (TARGETS.md, float16) or a "
+        "preset name; default: cpu for the cpu backend, else gpu",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
+    p.add_argument(
+        "--no-torch-compile",
+        action="store_true",
+        help="do not run torch.compile (recorded as skipped in the results)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer repeats (smoke test; not for published numbers)",
+    )
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start no new workload after S seconds (the rest is listed in the notes); the "
+        "results are rewritten after every workload anyway",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows of other workloads already in OUT/<device-slug>/results.json "
+        "(to finish a run that was split; each row records its run)",
+    )
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    parts = ["yirage bench", f"--backend {args.backend}", "--workloads " + " ".join(args.workloads)]
+    if args.shapes:
+        parts.append(f"--shapes {args.shapes}")
+    parts.append(f"--out {args.out}")
+    if args.seed:
+        parts.append(f"--seed {args.seed}")
+    if args.time_budget is not None:
+        parts.append(f"--time-budget {args.time_budget:g}")
+    for flag in ("no_torch_compile", "quick", "no_plot", "append"):
+        if getattr(args, flag):
+            parts.append("--" + flag.replace("_", "-"))
+    return " ".join(parts)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from yirage._bench import _harness
+    from yirage._errors import YirageError
+
+    cfg = _harness.BenchConfig(
+        backend=str(args.backend).lower(),
+        shapes=args.shapes,
+        out=args.out,
+        seed=args.seed,
+        compile_mode=None if args.no_torch_compile else _harness.COMPILE_MODE,
+        plot=not args.no_plot,
+        time_budget_s=args.time_budget,
+        append=args.append,
+        command=_command_line(args),
+    )
+    if args.quick:
+        cfg.cpu_rounds, cfg.cpu_min_time_s, cfg.cpu_min_repeats = 1, 0.05, 3
+        cfg.gpu_repeats, cfg.graph_launches, cfg.graph_replays = 20, 5, 10
+        cfg.extra_notes.append("--quick: reduced repeats; not for published numbers")
+    try:
+        results, folder = _harness.run_bench(args.workloads, cfg)
+    except YirageError as exc:
+        print(f"yirage bench: {exc}", file=sys.stderr)
+        return 2
+    from yirage._bench._report import row_summary
+
+    print(f"yirage bench: {results['backend']} on {results['device']}")
+    for row in results["rows"]:
+        print(f"  {row['workload']}: {row_summary(row)}")
+    gc, ge = results["geomean_speedup_vs_compile"], results["geomean_speedup_vs_eager"]
+    print(
+        f"  geomean speedup: {'-' if gc is None else f'{gc:.2f}x'} vs torch.compile, "
+        f"{'-' if ge is None else f'{ge:.2f}x'} vs eager"
+    )
+    made = "results.json, results.md, run.json" + ("" if args.no_plot else ", results.png")
+    print(f"wrote {made} in {folder}")
+    return 0

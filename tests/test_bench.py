@@ -1,0 +1,495 @@
+"""The benchmark harness (``yirage bench``): timing, roofline, report, correctness flags.
+
+CPU and fast: tiny shapes through workload copies with a test-only ``"cpu"`` preset, fixed
+device rates, torch.compile off except in one test. The GPU timing paths are marked ``cuda``
+(``nox -s tests-cuda``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+import yirage as yr  # noqa: E402
+from yirage import _env, _workloads  # noqa: E402
+from yirage._bench import _harness, _report, _roofline, _timing  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+RATES = _roofline.DeviceRates(copy_bw_Bps=20e9, matmul_flops=100e9, detail={"fixed": True})
+
+TINY = {
+    "rmsnorm_linear": {"b": 4, "h": 64, "n": 48, "dtype": yr.float32},
+    "gated_mlp": {"b": 4, "h": 64, "n": 32, "dtype": yr.float32},
+    "lora": {"b": 4, "h": 64, "n": 32, "r": 4, "dtype": yr.float32},
+    "gqa_decode": {"b": 1, "q_heads": 8, "kv_heads": 2, "d": 16, "kv": 64, "dtype": yr.float32},
+    "qknorm_gqa": {"b": 1, "q_heads": 8, "kv_heads": 2, "d": 16, "kv": 64, "dtype": yr.float32},
+}
+
+
+def tiny(name: str, **replace: Any) -> _workloads.Workload:
+    """The workload ``name`` with only a tiny "cpu" preset (test-only shape override)."""
+    return dataclasses.replace(_workloads.get_workload(name), shapes={"cpu": TINY[name]}, **replace)
+
+
+class _FakeReport:
+    search_s = 0.5
+    codegen_compile_s = 0.25
+    check_s = 0.01
+    profile_s = 0.02
+    predicted_us = 1.0
+    measured_us = 2.0
+    max_rel_err = 0.0
+    chosen_description = "fake: the workload's torch reference"
+    chosen_is_library_baseline = True
+    verification_level = "test double"
+
+    def __init__(self, from_cache: bool) -> None:
+        self.from_cache = from_cache
+
+
+class FakeOptimizer:
+    """Stands in for superoptimize in harness-mechanics tests: the "kernel" runs the torch
+    reference of the workload whose graph it was given; the second call per graph reports a
+    cache hit; it records the YIRAGE_CACHE_DIR it saw."""
+
+    def __init__(self, workloads: list[_workloads.Workload]) -> None:
+        self.by_hash = {w.graph("cpu").hash(): w for w in workloads}
+        self.calls: dict[str, int] = {}
+        self.cache_dirs: list[str | None] = []
+
+    def __call__(self, graph: yr.KernelGraph, backend: str, **options: Any) -> Any:
+        assert backend == "cpu"
+        assert set(options) <= {"config"}
+        h = graph.hash()
+        self.calls[h] = self.calls.get(h, 0) + 1
+        self.cache_dirs.append(_env.YIRAGE_CACHE_DIR.raw())
+        wl = self.by_hash[h]
+
+        class Kernel:
+            report = _FakeReport(from_cache=self.calls[h] > 1)
+
+            def __call__(self, *tensors: Any) -> list[Any]:
+                return wl.reference(*tensors)
+
+        return Kernel()
+
+
+def _cfg(tmp_path: Path, **kw: Any) -> _harness.BenchConfig:
+    base: dict[str, Any] = {
+        "backend": "cpu",
+        "out": tmp_path / "results",
+        "compile_mode": None,
+        "rates": RATES,
+        "cpu_rounds": 1,
+        "cpu_min_time_s": 0.01,
+        "cpu_min_repeats": 3,
+    }
+    base.update(kw)
+    return _harness.BenchConfig(**base)
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+def test_wall_median_counts_repeats_and_time() -> None:
+    calls = []
+
+    def fn() -> None:
+        calls.append(1)
+        time.sleep(0.002)
+
+    t = _timing.wall_median(fn, warmup=2, min_repeats=5, min_time_s=0.0)
+    assert t.method == "wall"
+    assert t.repeats == 5 and len(calls) == 7
+    assert 2000 <= t.median_us < 200_000
+    assert t.min_us <= t.median_us
+    t = _timing.wall_median(lambda: None, warmup=0, min_repeats=1, min_time_s=0.02)
+    assert t.repeats > 1 and sum(t.samples_us) >= 0
+    with pytest.raises(ValueError):
+        _timing.wall_median(lambda: None, min_repeats=0)
+    with pytest.raises(TypeError):
+        _timing.wall_median(42)  # type: ignore[arg-type]
+
+
+def test_wall_median_is_the_median(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a scripted clock: the three measured calls take 1, 10 and 3 ms
+    ticks = iter([0, 1_000_000, 1_000_000, 11_000_000, 11_000_000, 14_000_000])
+    monkeypatch.setattr(_timing.time, "perf_counter_ns", lambda: next(ticks))
+    t = _timing.wall_median(lambda: None, warmup=2, min_repeats=3, min_time_s=0.0)
+    assert t.samples_us == (1000.0, 10000.0, 3000.0)
+    assert t.median_us == 3000.0
+
+
+def test_timing_quartiles_and_spread() -> None:
+    t = _timing.Timing("wall", 3.0, (5.0, 1.0, 3.0, 2.0, 4.0))
+    assert t.quantile_us(0.25) == 2.0 and t.quantile_us(0.75) == 4.0
+    assert t.spread == 2.0 and t.min_us == 1.0
+    d = t.to_dict()
+    assert d["q1_us"] == 2.0 and d["q3_us"] == 4.0 and d["repeats"] == 5
+    assert _timing.Timing("wall", 1.0, (1.0, 1.0, 1.0)).spread == 1.0
+
+
+# -- roofline ----------------------------------------------------------------------------------
+
+
+def test_roofline_against_hand_computation() -> None:
+    wl = _workloads.get_workload("rmsnorm_linear")
+    g = wl.graph("cpu")  # X[8,1024] @ W[1024,1536], float32
+    b, h, n = 8, 1024, 1536
+    nbytes = 4 * (b * h + h * n + b * n)
+    flops = 2 * b * h * n
+    assert _roofline.graph_min_bytes(g, 4) == nbytes
+    assert _roofline.graph_flops(g) == flops
+    # memory-bound at 20 GB/s and 100 GFLOP/s: 6 373 376 B / 20 GB/s = 318.67 µs > 251.7 µs
+    expected = max(nbytes / 20e9, flops / 100e9) * 1e6
+    assert expected == pytest.approx(318.6688)
+    assert _roofline.roofline_us(nbytes, flops, 20e9, 100e9) == pytest.approx(expected)
+    # compute-bound when the matmul rate is low
+    assert _roofline.roofline_us(nbytes, flops, 20e9, 1e9) == pytest.approx(flops / 1e9 * 1e6)
+    with pytest.raises(ValueError):
+        _roofline.roofline_us(1, 1, 0, 1)
+
+
+def test_roofline_flops_of_batched_matmuls() -> None:
+    wl = _workloads.get_workload("gqa_decode")
+    g = wl.graph("gpu")  # Q[16,4,128] Kt[16,128,4096] V[16,4096,128]
+    bb, grp, d, kv = 16, 4, 128, 4096
+    assert _roofline.graph_flops(g) == 2 * (2 * bb * grp * d * kv)
+    assert _roofline.graph_min_bytes(g, 2) == 2 * (bb * grp * d * 2 + 2 * bb * d * kv)
+    lora = _workloads.get_workload("lora").graph("cpu")  # X[8,1024] W[1024,1024] A[1024,16]
+    assert _roofline.graph_flops(lora) == 2 * (8 * 1024 * 1024 + 8 * 1024 * 16 + 8 * 16 * 1024)
+
+
+def test_measured_rates_are_positive() -> None:
+    bw, detail = _roofline.measure_copy_bandwidth("cpu", nbytes=8 << 20)
+    assert bw > 1e8 and detail["copy_bytes"] == 8 << 20
+    rate, mm = _roofline.measure_matmul_rate("cpu", "float32", n=128)
+    assert rate > 1e7 and mm["n"] == 128
+
+
+# -- cases -------------------------------------------------------------------------------------
+
+
+def test_cases_follow_targets() -> None:
+    cases, notes = _harness.select_cases("all", "gpu")
+    assert [c.name for c in cases] == [
+        "rmsnorm_linear_b8",
+        "rmsnorm_linear_b1",
+        "rmsnorm_linear_b16",
+        "gated_mlp_b8",
+        "gated_mlp_b1",
+        "gated_mlp_b16",
+        "lora_b16",
+        "lora_b1",
+        "gqa_decode_b8_kv4096",
+        "gqa_decode_b8_kv16384",
+        "qknorm_gqa_b8_kv4096",
+    ]
+    assert not notes
+    cpu, _ = _harness.select_cases(["all"], "cpu")
+    assert [c.name for c in cpu] == [
+        "rmsnorm_linear_b8",
+        "gated_mlp_b8",
+        "lora_b8",
+        "gqa_decode_b2_kv1024",
+        "qknorm_gqa_b2_kv1024",
+    ]
+    one, _ = _harness.select_cases(["gqa_decode_b8_kv16384"], "gpu")
+    assert [(c.workload.name, c.preset) for c in one] == [("gqa_decode", "gpu_kv16384")]
+    paper, notes = _harness.select_cases(["lora", "gqa_decode"], "paper")
+    assert [c.name for c in paper] == ["lora_b16"]
+    assert len(notes) == 1 and "gqa_decode" in notes[0]
+    with pytest.raises(yr.ConfigError):
+        _harness.select_cases(["no_such_workload"], "cpu")
+
+
+# -- the harness end to end (fake yirage) --------------------------------------------------------
+
+
+def _check_schema(results: dict[str, Any]) -> None:
+    assert set(results) == set(_report.TOP_LEVEL_KEYS)
+    _report.validate_results(results)
+    for row in results["rows"]:
+        for key in _report.REQUIRED_ROW_KEYS:
+            assert key in row
+
+
+def test_harness_writes_schema_report_and_png(tmp_path: Path) -> None:
+    wls = [tiny("rmsnorm_linear"), tiny("gqa_decode"), tiny("lora")]
+    fake = FakeOptimizer(wls)
+    results, folder = _harness.run_bench(wls, _cfg(tmp_path, superoptimize=fake))
+
+    assert folder.parent == tmp_path / "results"
+    on_disk = json.loads((folder / "results.json").read_text())
+    assert on_disk == results
+    _check_schema(on_disk)
+    assert on_disk["backend"] == "cpu"
+    assert on_disk["copy_bw_TBps"] == pytest.approx(0.02)
+    assert on_disk["matmul_TFLOPs"] == pytest.approx(0.1)
+    assert "torch" in on_disk["versions"] and "yirage" in on_disk["versions"]
+
+    rows = {r["workload"]: r for r in on_disk["rows"]}
+    assert set(rows) == {"rmsnorm_linear_b4", "gqa_decode_b1_kv64", "lora_b4"}
+    for row in rows.values():
+        assert row["timing"] == "wall"
+        assert row["yirage_us"] > 0 and row["eager_us"] > 0 and row["roofline_us"] > 0
+        assert row["compile_us"] is None and "disabled" in row["skipped"]["compile"]
+        assert 0 <= row["max_rel_err"] <= row["tolerance"] == 1e-4
+        assert all(row["correct"].values())
+        assert row["search_s"] == 0.5 and row["codegen_compile_s"] == 0.25
+        assert row["warm_s"] >= 0 and row["yirage_warm_from_cache"] is True
+        assert row["roofline_fraction"]["yirage"] == pytest.approx(
+            row["roofline_us"] / row["yirage_us"]
+        )
+    assert rows["gqa_decode_b1_kv64"]["expert_us"] > 0  # SDPA
+    assert rows["gqa_decode_b1_kv64"]["correct"]["expert"] is True
+    assert rows["lora_b4"]["expert_us"] is None
+
+    # geomean consistent with the rows; no compile rows → null
+    ratios = [r["eager_us"] / r["yirage_us"] for r in rows.values()]
+    assert on_disk["geomean_speedup_vs_eager"] == pytest.approx(math.exp(np.mean(np.log(ratios))))
+    assert on_disk["geomean_speedup_vs_compile"] is None
+
+    # cold in a fresh cache dir per workload, warm in the same one
+    assert len(fake.cache_dirs) == 6 and all(fake.cache_dirs)
+    assert fake.cache_dirs[0] == fake.cache_dirs[1] != fake.cache_dirs[2]
+    assert not Path(str(fake.cache_dirs[0])).exists()  # temporary, removed after the run
+
+    png = folder / "results.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 1000
+    md = (folder / "results.md").read_text()
+    assert on_disk["device"] in md and "yirage bench --backend cpu" in md
+    assert "gqa_decode_b1_kv64" in md and "torch" in md
+    run = json.loads((folder / "run.json").read_text())
+    assert run["command"].startswith("yirage bench") and run["date"]
+
+
+def test_wrong_contestant_is_flagged_not_timed(tmp_path: Path) -> None:
+    def garbage(*tensors: Any) -> list[Any]:
+        return [torch.randn(4, 48)]
+
+    good = tiny("rmsnorm_linear")
+    bad = dataclasses.replace(good, _reference=garbage)
+    fake = FakeOptimizer([good])  # yirage itself is right: it runs the true reference
+    results, folder = _harness.run_bench(
+        [bad], _cfg(tmp_path, superoptimize=fake, compile_mode="default", fresh_torch_cache=False)
+    )
+    (row,) = results["rows"]
+    assert row["correct"]["yirage"] is True and row["yirage_us"] > 0
+    assert row["correct"]["eager"] is False and row["eager_us"] is None
+    assert row["rel_err"]["eager"] > row["tolerance"]
+    # torch.compile of the same garbage reference is wrong too
+    assert row["correct"]["compile"] is False and row["compile_us"] is None
+    assert row["torch_compile_s"] > 0
+    assert "eager" not in row["times_us"] and "yirage" in row["times_us"]
+    assert results["geomean_speedup_vs_eager"] is None
+    md = (folder / "results.md").read_text()
+    assert "WRONG" in md and "INCORRECT" in md
+
+
+def test_wrong_yirage_is_flagged(tmp_path: Path) -> None:
+    wl = tiny("lora")
+
+    def wrong_optimizer(graph: yr.KernelGraph, backend: str, **options: Any) -> Any:
+        kernel = FakeOptimizer([wl])(graph, backend, **options)
+        kernel.__class__.__call__ = lambda self, *t: [torch.zeros(4, 32)]
+        return kernel
+
+    results, _ = _harness.run_bench([wl], _cfg(tmp_path, superoptimize=wrong_optimizer))
+    (row,) = results["rows"]
+    assert row["correct"]["yirage"] is False and row["yirage_us"] is None
+    assert row["max_rel_err"] == pytest.approx(1.0)  # zeros: |0 - r| / |r|
+    assert row["eager_us"] > 0
+    assert results["geomean_speedup_vs_eager"] is None
+
+
+def test_workload_yirage_cannot_run_is_left_out_with_a_note(tmp_path: Path) -> None:
+    wls = [tiny("rmsnorm_linear"), tiny("gated_mlp")]
+    fake = FakeOptimizer(wls[:1])  # KeyError for gated_mlp
+
+    results, folder = _harness.run_bench(wls, _cfg(tmp_path, superoptimize=fake))
+    assert [r["workload"] for r in results["rows"]] == ["rmsnorm_linear_b4"]
+    run = json.loads((folder / "run.json").read_text())
+    assert any("gated_mlp_b4" in n and "left out" in n for n in run["notes"])
+    assert "gated_mlp_b4" in (folder / "results.md").read_text()
+
+
+def test_expert_inputs_are_prepared_once_outside_the_timing(tmp_path: Path) -> None:
+    base = tiny("gqa_decode")
+
+    class WithPreparedExpert:
+        """A workload whose expert takes its inputs in another layout."""
+
+        prepared = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(base, name)
+
+        def expert_inputs(self, q: Any, kt: Any, v: Any) -> list[Any]:
+            type(self).prepared += 1
+            return [q, kt.transpose(-1, -2).contiguous().transpose(-1, -2), v]
+
+    fake = FakeOptimizer([base])
+    results, _ = _harness.run_bench([WithPreparedExpert()], _cfg(tmp_path, superoptimize=fake))
+    (row,) = results["rows"]
+    assert WithPreparedExpert.prepared == 1
+    assert row["expert_prepared_inputs"] is True and row["correct"]["expert"] is True
+    assert row["expert_us"] > 0
+
+
+def test_time_budget_and_append(tmp_path: Path) -> None:
+    a, b = tiny("rmsnorm_linear"), tiny("lora")
+    fake = FakeOptimizer([a, b])
+    results, folder = _harness.run_bench(
+        [a, b], _cfg(tmp_path, superoptimize=fake, time_budget_s=0)
+    )
+    assert results["rows"] == []  # the budget was spent before the first case
+    run = json.loads((folder / "run.json").read_text())
+    assert any("not run: rmsnorm_linear_b4, lora_b4" in n for n in run["notes"])
+
+    first, _ = _harness.run_bench([a], _cfg(tmp_path, superoptimize=fake))
+    second, _ = _harness.run_bench([b], _cfg(tmp_path, superoptimize=fake, append=True))
+    assert [r["workload"] for r in second["rows"]] == ["rmsnorm_linear_b4", "lora_b4"]
+    assert second["rows"][0]["yirage_us"] == first["rows"][0]["yirage_us"]
+    assert second["rows"][0]["run_date"]  # an appended row says which run measured it
+    alone, _ = _harness.run_bench([b], _cfg(tmp_path, superoptimize=fake))
+    assert [r["workload"] for r in alone["rows"]] == ["lora_b4"]  # no --append: replaced
+
+
+def test_report_rejects_bad_schema() -> None:
+    good = _report.build_results(
+        device="d",
+        backend="cpu",
+        versions={},
+        copy_bw_Bps=1e9,
+        matmul_flops=1e9,
+        rows=[],
+    )
+    assert good["geomean_speedup_vs_compile"] is None
+    for mutate in (
+        lambda r: r.update(extra=1),
+        lambda r: r.update(copy_bw_TBps=0.0),
+        lambda r: r.update(rows=[{"workload": "w"}]),
+    ):
+        bad = json.loads(json.dumps(good))
+        mutate(bad)
+        with pytest.raises(ValueError):
+            _report.validate_results(bad)
+
+
+def test_geomean_speedup() -> None:
+    rows = [
+        {"yirage_us": 10.0, "compile_us": 20.0, "eager_us": 40.0},
+        {"yirage_us": 10.0, "compile_us": 5.0, "eager_us": None},
+        {"yirage_us": None, "compile_us": 5.0, "eager_us": 5.0},
+    ]
+    assert _report.geomean_speedup(rows, "compile") == pytest.approx(1.0)
+    assert _report.geomean_speedup(rows, "eager") == pytest.approx(4.0)
+
+
+# -- with the real superoptimize on the CPU backend ---------------------------------------------
+
+
+def test_cpu_backend_end_to_end(tmp_path: Path) -> None:
+    if not yr.is_backend_available("cpu"):
+        pytest.skip("the cpu backend is not available")
+    pytest.importorskip("yirage._search", reason="the search is not in this build")
+    wls = [tiny("rmsnorm_linear")]  # (attention searches take ~15 s even at tiny sizes)
+    results, folder = _harness.run_bench(wls, _cfg(tmp_path))
+    _check_schema(results)
+    assert len(results["rows"]) == 1, json.loads((folder / "run.json").read_text())["notes"]
+    for row in results["rows"]:
+        assert row["yirage_us"] > 0 and row["correct"]["yirage"]
+        assert row["max_rel_err"] <= row["tolerance"]
+        assert row["search_s"] >= 0 and row["codegen_compile_s"] >= 0
+        assert row["yirage_search_config"] == wls[0].search_config
+        # superoptimize does not cache a decision whose timings were noisy (a loaded machine):
+        # then the second call searches again, and the row says so
+        if row["yirage_warm_from_cache"]:
+            assert row["warm_s"] < row["yirage_cold_s"]
+        else:
+            assert any("noisy" in n for n in row["yirage_notes"]), row["yirage_notes"]
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+def test_cli_has_bench_and_doctor(capsys: pytest.CaptureFixture[str]) -> None:
+    from yirage import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--backend", "--workloads", "--out", "--shapes"):
+        assert flag in out
+    assert cli.main(["doctor", "--json"]) == 0
+    assert "backends" in json.loads(capsys.readouterr().out)
+
+
+def test_cli_rejects_unsupported_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    from yirage import cli
+
+    assert cli.main(["bench", "--backend", "tpu", "--out", "/nonexistent"]) == 2
+    assert "not supported" in capsys.readouterr().err
+
+
+# -- GPU (nox -s tests-cuda) --------------------------------------------------------------------
+
+
+def _require_cuda() -> None:
+    if not torch.cuda.is_available():
+        if _env.require_device():
+            pytest.fail("no CUDA device (YIRAGE_REQUIRE_DEVICE=1)")
+        pytest.skip("no CUDA device")
+
+
+@pytest.mark.cuda
+def test_cuda_timers() -> None:
+    _require_cuda()
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    ev = _timing.cuda_events_median(lambda: a @ a, repeats=20)
+    gr = _timing.cuda_graph_median(lambda: a @ a, launches=5, replays=10)
+    assert ev.method == "events" and gr.method == "cudagraph"
+    assert ev.median_us > 0 and gr.median_us > 0 and gr.calls_per_sample == 5
+    # 2·2048³ flop can't beat 5 PFLOP/s, nor take a second
+    assert 3.0 < gr.median_us < 1e6
+    assert _timing.l2_flush_bytes() >= 2 * torch.cuda.get_device_properties(0).L2_cache_size
+
+
+@pytest.mark.cuda
+def test_cuda_bench_smoke(tmp_path: Path) -> None:
+    _require_cuda()
+    wl = dataclasses.replace(
+        _workloads.get_workload("gqa_decode"),
+        shapes={"gpu": {**TINY["gqa_decode"], "kv": 256, "dtype": yr.float16}},
+    )
+    fake_shapes = FakeOptimizer.__new__(FakeOptimizer)
+    fake_shapes.by_hash = {wl.graph("gpu").hash(): wl}
+    fake_shapes.calls, fake_shapes.cache_dirs = {}, []
+
+    def opt(graph: yr.KernelGraph, backend: str, **options: Any) -> Any:
+        return FakeOptimizer.__call__(fake_shapes, graph, "cpu", **options)
+
+    cfg = _cfg(
+        tmp_path,
+        backend="cuda",
+        superoptimize=opt,
+        gpu_repeats=10,
+        graph_launches=3,
+        graph_replays=5,
+    )
+    results, _ = _harness.run_bench([wl], cfg)
+    (row,) = results["rows"]
+    assert row["timing"] == "cudagraph"
+    assert set(row["times_us"]["yirage"]) == {"events", "cudagraph"}
+    assert row["expert_us"] > 0 and row["max_rel_err"] < 1e-2
