@@ -239,7 +239,7 @@ def test_decision_cache_skips_search_and_profiling(monkeypatch: pytest.MonkeyPat
     assert k2.report.check_seed == k1.report.check_seed  # re-checked on the stored reference
     x, w = _inputs(4)
     np.testing.assert_array_equal(k1(x, w)[0], k2(x, w)[0])
-    refs = list(Path(os.environ["YIRAGE_CACHE_DIR"]).glob("v1/superoptimize/*.ref.npz"))
+    refs = list(Path(os.environ["YIRAGE_CACHE_DIR"]).glob("v1/superoptimize/*.ref.bin"))
     assert len(refs) == 1
     refs[0].write_bytes(b"corrupt")  # an unreadable reference: evaluated afresh instead
     k3 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)

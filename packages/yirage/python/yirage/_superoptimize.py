@@ -16,7 +16,6 @@ but skips search and profiling (``report.from_cache``). Pass ``cache=False`` to 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import time
@@ -421,36 +420,59 @@ def _choose(report: SuperoptimizeReport, chosen: CandidateReport, plan: Mapping[
 
 
 def _reference_path(decision: Path) -> Path:
-    return decision.with_name(decision.stem + ".ref.npz")
+    return decision.with_name(decision.stem + ".ref.bin")
+
+
+_REF_MAGIC = b"YRREF1\n"
 
 
 def _save_reference(decision: Path, seed: int, reference: list[np.ndarray]) -> None:
     """Keep the reference outputs of the cold run's check next to the decision, so a warm
-    call re-checks the kernel on the same (regenerated) inputs without re-evaluating."""
-    buf = io.BytesIO()
-    arrays: dict[str, Any] = {f"arr_{i}": r for i, r in enumerate(reference)}
-    arrays["seed"] = np.array([seed], dtype=np.uint64)
-    arrays["generator"] = np.array([CHECK_INPUTS_VERSION])
-    np.savez(buf, **arrays)
+    call re-checks the kernel on the same (regenerated) inputs without re-evaluating.
+
+    Format: magic, one JSON header line (seed, input generator, output shapes), then the
+    outputs as little-endian float64 — no dependence on numpy's file formats."""
+    arrays = [np.ascontiguousarray(r, dtype="<f8") for r in reference]
+    header = {
+        "seed": int(seed),
+        "generator": CHECK_INPUTS_VERSION,
+        "shapes": [list(a.shape) for a in arrays],
+    }
+    blob = _REF_MAGIC + json.dumps(header).encode() + b"\n" + b"".join(a.tobytes() for a in arrays)
     try:
-        _cache.atomic_write_bytes(_reference_path(decision), buf.getvalue())
+        _cache.atomic_write_bytes(_reference_path(decision), blob)
     except OSError as exc:
         _log.warning("yirage cache: could not store the check reference (%s)", exc)
 
 
 def _load_reference(decision: Path, n_outputs: int) -> tuple[int, list[np.ndarray]] | None:
     try:
-        with np.load(_reference_path(decision)) as data:
-            if int(data["generator"][0]) != CHECK_INPUTS_VERSION:
-                return None  # made with another input generator: re-evaluate
-            seed = int(data["seed"][0])
-            outs = [np.asarray(data[f"arr_{i}"], dtype=np.float64) for i in range(n_outputs)]
+        blob = _reference_path(decision).read_bytes()
     except FileNotFoundError:
         return None
-    except Exception as exc:  # corrupt entry: fall back to evaluating the reference
+    try:
+        if not blob.startswith(_REF_MAGIC):
+            raise ValueError("bad magic")
+        line_end = blob.index(b"\n", len(_REF_MAGIC))
+        header = json.loads(blob[len(_REF_MAGIC) : line_end])
+        if header["generator"] != CHECK_INPUTS_VERSION:
+            return None  # made with another input generator: re-evaluate
+        shapes = [tuple(int(d) for d in sh) for sh in header["shapes"]]
+        if len(shapes) != n_outputs:
+            raise ValueError(f"{len(shapes)} outputs stored, {n_outputs} expected")
+        outs, pos = [], line_end + 1
+        for shape in shapes:
+            n = int(np.prod(shape, dtype=np.int64)) * 8
+            if pos + n > len(blob):
+                raise ValueError("truncated")
+            outs.append(np.frombuffer(blob, dtype="<f8", count=n // 8, offset=pos).reshape(shape))
+            pos += n
+        if pos != len(blob):
+            raise ValueError("trailing bytes")
+        return int(header["seed"]), [o.astype(np.float64) for o in outs]
+    except (ValueError, KeyError, TypeError) as exc:  # corrupt entry: evaluate afresh
         _log.warning("yirage cache: unreadable check reference (%s); re-evaluating", exc)
         return None
-    return seed, outs
 
 
 def _from_decision(
