@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import _search_graphs as sg  # noqa: E402
+import _search_graphs as sg
 
 CASES = [
     ("rmsnorm_linear X[8,512]·W[512,768]", sg.rmsnorm_linear, sg.CPU2),
