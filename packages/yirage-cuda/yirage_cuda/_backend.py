@@ -1,9 +1,12 @@
 """The NVIDIA CUDA Backend object.
 
-``codegen`` prints a KernelPlan twice: as Triton (primary) and as CUDA C++ (second path,
-when the printer can lay the kernel out in shared memory). ``compile`` writes the Triton
-module into the cache and, on a GPU machine, compiles the C++ with NVRTC/nvcc for the live
-architecture. ``load`` returns a :class:`CudaKernel` running the Triton variant;
+``codegen`` prints a KernelPlan as Triton (primary), as Triton with the for-loops of
+kernels that leave SMs idle split across extra blocks plus a combine kernel (split-K /
+flash-decoding, when some kernel qualifies: :func:`~yirage_cuda._triton_codegen.loop_split`)
+and as CUDA C++ (when the printer can lay the kernel out in shared memory). ``compile``
+writes the Triton modules into the cache and, on a GPU machine, compiles the C++ with
+NVRTC/nvcc for the live architecture. ``load`` returns a :class:`CudaKernel` running the
+Triton variant;
 ``profile`` times every variant that loaded, cross-checks the C++ outputs against the
 (already reference-checked) Triton outputs, keeps the faster one and remembers the choice in
 the cache, so a later ``load`` of the same plan on the same device picks it again.
@@ -14,6 +17,7 @@ tensors (no GPU needed): that is how CI runs the generated code ("ran emulated")
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import time
@@ -34,7 +38,12 @@ from yirage_cuda._runtime import (
     TritonLauncher,
     profile,
 )
-from yirage_cuda._triton_codegen import TritonOptions, TritonSource, generate_triton
+from yirage_cuda._triton_codegen import (
+    TritonOptions,
+    TritonSource,
+    generate_triton,
+    loop_split,
+)
 
 __all__ = ["CudaArtifact", "CudaBackend", "CudaKernel", "CudaSource"]
 
@@ -48,6 +57,8 @@ class CudaSource:
     triton: TritonSource
     cuda: CudaCppSource | None
     cuda_error: str | None = None
+    #: the Triton module with the under-filled kernels' loops split (None: nothing to split)
+    triton_split: TritonSource | None = None
 
     @property
     def code(self) -> str:
@@ -66,6 +77,7 @@ class CudaArtifact:
     source: CudaSource
     triton_path: Path
     interpret: bool
+    triton_split_path: Path | None = None
     cuda_compiled: _toolchain.CompiledCuda | None = None
     cuda_error: str | None = None
     cache_hit: bool = False
@@ -239,6 +251,14 @@ class CudaBackend(Backend):
             smem_limit=self._smem_limit(), bf16_dot_as_fp32=self.interpret
         )
         triton_src = generate_triton(p, topts)
+        split_src = None
+        splits = tuple(
+            (k.name, s)
+            for k in p.generated
+            if (s := loop_split(k, self._sm_count())) > 1 and not topts.split_loop
+        )
+        if splits:
+            split_src = generate_triton(p, dataclasses.replace(topts, split_loop=splits))
         cuda_src = None
         cuda_err = None
         if self.cuda_cpp:
@@ -249,7 +269,11 @@ class CudaBackend(Backend):
                 cuda_src = generate_cuda(p, copts)
             except BackendError as exc:
                 cuda_err = str(exc)
-        return CudaSource(p, triton_src, cuda_src, cuda_err)
+        return CudaSource(p, triton_src, cuda_src, cuda_err, split_src)
+
+    def _sm_count(self) -> int:
+        info = None if self.interpret else _toolchain.device_info()
+        return info.sm_count if info is not None else _device_spec.H100_SXM.compute_units
 
     def compile(self, source: Any) -> CudaArtifact:
         if not isinstance(source, CudaSource):
@@ -262,6 +286,10 @@ class CudaBackend(Backend):
         hit = _cache.entry_path("cuda-triton", key, ".py").is_file()
         path = _toolchain.write_triton_module(source.triton.text, source.triton.codegen_version)
         art = CudaArtifact(source, path, self.interpret, cache_hit=hit)
+        if source.triton_split is not None:
+            art.triton_split_path = _toolchain.write_triton_module(
+                source.triton_split.text, source.triton_split.codegen_version
+            )
         # The C++ variant only runs on a GPU; without one it is printed but not compiled here
         # (CI compiles every printed kernel for sm_90 in its own tests).
         if source.cuda is not None and not self.interpret and self._gpu_arch() is not None:
@@ -289,6 +317,13 @@ class CudaBackend(Backend):
             )
         }
         kernel = CudaKernel(variants)
+        if artifact.triton_split_path is not None and src.triton_split is not None:
+            split_module = _toolchain.load_triton_module(
+                artifact.triton_split_path, interpret=artifact.interpret
+            )
+            variants["triton_split"] = TritonLauncher(
+                src.plan, src.triton_split.text, split_module, interpret=artifact.interpret
+            )
         if artifact.cuda_compiled is not None and src.cuda is not None:
             host = _host_module(src.cuda)
             variants["cuda"] = CudaCppLauncher(

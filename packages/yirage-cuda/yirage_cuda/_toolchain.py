@@ -435,6 +435,9 @@ def aot_compile_triton(
             if arg.startswith("buf"):
                 sig[arg] = _TRITON_PTR[buffer_dtypes[int(arg[3:])]]
                 attrs[(i,)] = [["tt.divisibility", 16]]
+            elif arg == "ws":  # fp32 workspace of split-loop kernels
+                sig[arg] = "*fp32"
+                attrs[(i,)] = [["tt.divisibility", 16]]
             else:
                 sig[arg] = "constexpr"
         stages = int(info["num_stages"])

@@ -50,10 +50,10 @@ from yirage_cuda._plan import (
     parse_plan,
 )
 
-__all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
+__all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton", "loop_split"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-2"
+CODEGEN_VERSION = "triton-3"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -68,17 +68,20 @@ class TritonOptions:
     operands ("ieee", "tf32", "tf32x3"). ``smem_limit``: shared memory per block (bytes) the
     stage count must respect (None: not checked). ``bf16_dot_as_fp32``: multiply bfloat16
     tiles as fp32 (the Triton interpreter's ``tl.dot`` is wrong on bfloat16 operands in
-    Triton 3.9, so the interpreter backend sets it; GPUs never need it)."""
+    Triton 3.9, so the interpreter backend sets it; GPUs never need it). ``split_loop``:
+    (kernel name, S) pairs; such a kernel is printed as a part kernel running 1/S of its
+    for-loop in S times as many blocks plus a combine kernel (see :func:`loop_split`)."""
 
     num_stages: int | None = None
     fp32_dot_precision: str = "ieee"
     smem_limit: int | None = None
     bf16_dot_as_fp32: bool = False
+    split_loop: tuple[tuple[str, int], ...] = ()
 
     def key(self) -> str:
         return (
             f"stages={self.num_stages};fp32dot={self.fp32_dot_precision};smem={self.smem_limit};"
-            f"bf16dot32={self.bf16_dot_as_fp32}"
+            f"bf16dot32={self.bf16_dot_as_fp32};split={list(self.split_loop)}"
         )
 
 
@@ -677,20 +680,9 @@ class _KernelPrinter:
             st = max(1, min(st, self.opts.smem_limit // max(1, self.k.smem_bytes)))
         return st
 
-    def print(self) -> list[str]:
+    def _partition(self) -> tuple[list[TileOp], list[TileOp], list[TileOp]]:
+        """(loop ops, hoisted ops the loop needs, hoisted ops only the epilogue reads)."""
         k = self.k
-        params = ", ".join(f"buf{b}" for b in self.params)
-        head = [
-            "@triton.jit",
-            f"def {k.name}({params}, NUM_STAGES: tl.constexpr):",
-        ]
-        self.emit(
-            f"# grid {list(k.grid)}, forloop {k.forloop_range}, {k.warps} warps, "
-            f"plan smem {k.smem_bytes} B"
-        )
-        self.emit("bx = tl.program_id(0)")
-        self.emit("by = tl.program_id(1)")
-        self.emit("bz = tl.program_id(2)")
         loop_ops = [
             o
             for o in k.ops
@@ -709,39 +701,187 @@ class _KernelPrinter:
                 needed.update(o.args)
         before = [o for o in hoisted if o.id in needed]
         after = [o for o in hoisted if o.id not in needed]
-        for o in before:
-            self.emit_compute(o, "0")
-        for gi, g in enumerate(k.safe_softmax):
+        return loop_ops, before, after
+
+    def _loop_groups(self) -> list[int]:
+        """Safe-softmax groups whose exp runs in the loop (they keep a running max)."""
+        out = []
+        for gi, g in enumerate(self.k.safe_softmax):
             e = self.by_id[g.exp]
             if e.phase == "loop" and e.id not in self.invariant:
-                m_shape = (*self.pdims[e.args[0]][:-1], 1)
-                self.emit(f"m{gi} = tl.full({_shape(m_shape)}, float('-inf'), tl.float32)")
-        for o in k.ops:
+                out.append(gi)
+        return out
+
+    def _row_max_shape(self, gi: int) -> tuple[int, ...]:
+        e = self.by_id[self.k.safe_softmax[gi].exp]
+        return (*self.pdims[e.args[0]][:-1], 1)
+
+    def _head(self, name: str, extra: str = "") -> list[str]:
+        params = ", ".join(f"buf{b}" for b in self.params)
+        return ["@triton.jit", f"def {name}({params}{extra}, NUM_STAGES: tl.constexpr):"]
+
+    def _emit_loop(self, loop_ops: list[TileOp], lo: str, n: int) -> None:
+        """The for-loop over iterations ``lo .. lo + n`` (accumulator updates included)."""
+        if not loop_ops:
+            return
+        if n == 1:
+            self.emit(f"it = {lo}")
+        else:
+            start = "0" if lo == "0" else lo
+            self.emit(f"for it in tl.range({start}, {start} + {n}, num_stages=NUM_STAGES):")
+            self.indent += 1
+        for o in loop_ops:
+            if o.op == "accum":
+                self.emit_accum_update(o)
+            else:
+                self.emit_compute(o, "it")
+        if n != 1:
+            self.indent -= 1
+
+    def _emit_init_accums(self) -> None:
+        for gi in self._loop_groups():
+            m_shape = self._row_max_shape(gi)
+            self.emit(f"m{gi} = tl.full({_shape(m_shape)}, float('-inf'), tl.float32)")
+        for o in self.k.ops:
             if o.op == "accum":
                 self.emit(f"acc{o.id} = tl.zeros({_shape(self.pdims[o.id])}, tl.float32)")
-        if loop_ops:
-            if k.forloop_range == 1:
-                self.emit("it = 0")
-            else:
-                self.emit(f"for it in tl.range(0, {k.forloop_range}, num_stages=NUM_STAGES):")
-                self.indent += 1
-            for o in loop_ops:
-                if o.op == "accum":
-                    self.emit_accum_update(o)
-                else:
-                    self.emit_compute(o, "it")
-            if k.forloop_range != 1:
-                self.indent -= 1
+
+    def _emit_finish(self, after: list[TileOp]) -> None:
+        """After the loop: epilogue-only hoisted ops, accumulator finish, epilogue, stores."""
         for o in after:
             self.emit_compute(o, "0")
-        for o in k.ops:
+        for o in self.k.ops:
             if o.op == "accum":
                 self.finish_accum(o)
             elif o.phase == "epilogue":
                 self.emit_compute(o, "0")
-        for i, out in enumerate(k.outputs):
+        for i, out in enumerate(self.k.outputs):
             self.emit_store(i, out)
+
+    def print(self) -> list[str]:
+        k = self.k
+        head = self._head(k.name)
+        self.emit(
+            f"# grid {list(k.grid)}, forloop {k.forloop_range}, {k.warps} warps, "
+            f"plan smem {k.smem_bytes} B"
+        )
+        self.emit("bx = tl.program_id(0)")
+        self.emit("by = tl.program_id(1)")
+        self.emit("bz = tl.program_id(2)")
+        loop_ops, before, after = self._partition()
+        for o in before:
+            self.emit_compute(o, "0")
+        self._emit_init_accums()
+        self._emit_loop(loop_ops, "0", k.forloop_range)
+        self._emit_finish(after)
         return head + self.lines
+
+    # -- split loop (split-K / flash-decoding) -----------------------------------------------
+    def records(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Per-split partial state a part kernel leaves in the workspace: every accumulator
+        (raw, before its finish) and the running max of every looping safe-softmax group."""
+        recs = [(f"acc{o.id}", self.pdims[o.id]) for o in self.k.ops if o.op == "accum"]
+        recs += [(f"m{gi}", self._row_max_shape(gi)) for gi in self._loop_groups()]
+        return recs
+
+    def record_size(self) -> int:
+        return sum(math.prod(p) for _, p in self.records())
+
+    def _flat(self, pdims: Sequence[int]) -> str:
+        r = len(pdims)
+        terms = []
+        stride = 1
+        for d in reversed(range(r)):
+            if pdims[d] > 1:
+                ar = f"tl.arange(0, {pdims[d]})"
+                terms.append(_expand(f"{ar} * {stride}" if stride != 1 else ar, d, r))
+            stride *= pdims[d]
+        if not terms:
+            return f"tl.zeros({_shape(pdims)}, tl.int32)"
+        return " + ".join(reversed(terms))
+
+    def _emit_block_id(self) -> None:
+        gx, gy, _ = self.k.grid
+        self.emit(f"blk = (bz * {gy} + by) * {gx} + bx")
+
+    def print_split(self, split: int) -> list[str]:
+        """Two kernels: ``<name>`` runs 1/split of the loop per block (grid x times split) and
+        stores its partial state; ``<name>_combine`` sums the partial states (rescaling
+        safe-softmax accumulators to the common row max) and runs the epilogue."""
+        k = self.k
+        if split < 2 or k.forloop_range % split:
+            raise CodegenError(
+                f"kernel {k.name!r}: split {split} does not divide forloop {k.forloop_range}"
+            )
+        n_iter = k.forloop_range // split
+        rec = self.record_size()
+        recs = self.records()
+        loop_ops, before, after = self._partition()
+        # part kernel
+        head = self._head(k.name, ", ws")
+        self.emit(
+            f"# grid {list(k.grid)} x split {split}, forloop {n_iter} of {k.forloop_range}, "
+            f"{k.warps} warps, plan smem {k.smem_bytes} B"
+        )
+        self.emit("pid = tl.program_id(0)")
+        self.emit(f"bx = pid // {split}")
+        self.emit(f"sp = pid % {split}")
+        self.emit("by = tl.program_id(1)")
+        self.emit("bz = tl.program_id(2)")
+        for o in before:
+            self.emit_compute(o, "0")
+        self._emit_init_accums()
+        self._emit_loop(loop_ops, f"sp * {n_iter}", n_iter)
+        self._emit_block_id()
+        self.emit(f"rec = ws + (blk * {split} + sp) * {rec}")
+        off = 0
+        for name, pd in recs:
+            self.emit(f"tl.store(rec + {off} + {self._flat(pd)}, {name})")
+            off += math.prod(pd)
+        part = head + self.lines
+        # combine kernel: a fresh printer state for the second kernel
+        self.lines, self.vals, self.indent = [], {}, 1
+        head = self._head(f"{k.name}_combine", ", ws")
+        self.emit(f"# combine {split} partial states of {k.name}, then its epilogue")
+        self.emit("bx = tl.program_id(0)")
+        self.emit("by = tl.program_id(1)")
+        self.emit("bz = tl.program_id(2)")
+        for o in before:
+            self.emit_compute(o, "0")
+        self._emit_block_id()
+        self.emit(f"rec = ws + blk * {split * rec}")
+        offs: dict[str, int] = {}
+        off = 0
+        for name, pd in recs:
+            offs[name] = off
+            off += math.prod(pd)
+        groups = self._loop_groups()
+        for gi in groups:
+            pd = self._row_max_shape(gi)
+            at = f"{offs[f'm{gi}']} + {self._flat(pd)}"
+            self.emit(f"m{gi} = tl.load(rec + {at})")
+            self.emit(f"for s in tl.static_range(1, {split}):")
+            self.emit(f"    m{gi} = tl.maximum(m{gi}, tl.load(rec + s * {rec} + {at}))")
+        accs = [o for o in k.ops if o.op == "accum"]
+        for o in accs:
+            self.emit(f"acc{o.id} = tl.zeros({_shape(self.pdims[o.id])}, tl.float32)")
+        self.emit(f"for s in tl.static_range(0, {split}):")
+        self.indent += 1
+        for gi in groups:
+            pd = self._row_max_shape(gi)
+            at = f"{offs[f'm{gi}']} + {self._flat(pd)}"
+            self.emit(f"sc{gi} = tl.exp(tl.load(rec + s * {rec} + {at}) - m{gi})")
+        for o in accs:
+            part_val = (
+                f"tl.load(rec + s * {rec} + {offs[f'acc{o.id}']} + {self._flat(self.pdims[o.id])})"
+            )
+            for gi in self.groups_of_acc.get(o.id, []):
+                if gi in groups:
+                    part_val = f"{part_val} * sc{gi}"
+            self.emit(f"acc{o.id} = acc{o.id} + {part_val}")
+        self.indent -= 1
+        self._emit_finish(after)
+        return [*part, "", *head, *self.lines]
 
 
 _HELPERS = {
@@ -756,6 +896,25 @@ _HELPERS = {
         "    return tl.where(y == 0.0, 1.0, r)",
     ]
 }
+
+
+def loop_split(k: GeneratedKernel, sm_count: int, max_split: int = 16) -> int:
+    """How many ways to split ``k``'s for-loop across extra blocks (1: do not split).
+
+    A kernel whose grid leaves SMs idle (fewer than two blocks per SM) and whose loop streams
+    tiles into accumulators is split — like split-K GEMMs and flash-decoding — into the
+    smallest power of two that gives at least two blocks per SM while every part still
+    runs two iterations or more."""
+    if not any(o.op == "accum" for o in k.ops) or not any(a.uses_iter() for a in k.inputs):
+        return 1
+    blocks = k.grid[0] * k.grid[1] * k.grid[2]
+    split = 1
+    while blocks * split < 2 * sm_count and split * 2 <= max_split:
+        nxt = split * 2
+        if k.forloop_range % nxt or k.forloop_range // nxt < 2:
+            break
+        split = nxt
+    return split
 
 
 def generate_triton(plan: object, options: TritonOptions | None = None) -> TritonSource:
@@ -778,12 +937,21 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
     kinfo: dict[str, dict[str, object]] = {}
     helpers: set[str] = set()
     printers: dict[str, _KernelPrinter] = {}
+    splits = dict(opts.split_loop)
     for k in p.generated:
         pr = _KernelPrinter(p, k, opts)
-        kernel_blocks.append(pr.print())
+        n_split = splits.get(k.name, 1)
+        info = {"grid": list(k.grid), "num_warps": k.warps, "num_stages": pr.stages()}
+        if n_split > 1:
+            kernel_blocks.append(pr.print_split(n_split))
+            gx, gy, gz = k.grid
+            kinfo[k.name] = {**info, "grid": [gx * n_split, gy, gz], "split": n_split}
+            kinfo[f"{k.name}_combine"] = {**info, "num_stages": 1}
+        else:
+            kernel_blocks.append(pr.print())
+            kinfo[k.name] = info
         helpers |= pr.helpers
         printers[k.name] = pr
-        kinfo[k.name] = {"grid": list(k.grid), "num_warps": k.warps, "num_stages": pr.stages()}
     out.append(f"KERNELS = {kinfo!r}")
     out.append("")
     for h in sorted(helpers):
@@ -793,9 +961,22 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
 
     def launch_line(k: GeneratedKernel, names: dict[int, str]) -> list[str]:
         args = ", ".join(names[b] for b in printers[k.name].params)
+        n_split = splits.get(k.name, 1)
+        if n_split == 1:
+            return [
+                f"st = KERNELS[{k.name!r}]['num_stages']  # lowered if smem runs out",
+                f"{k.name}[{tuple(k.grid)}]({args}, NUM_STAGES=st, num_warps={k.warps}, "
+                "num_stages=st)",
+            ]
+        gx, gy, gz = k.grid
+        size = gx * gy * gz * n_split * printers[k.name].record_size()
         return [
+            f"ws = torch.empty(({size},), dtype=torch.float32, device=dev)  # partial states",
             f"st = KERNELS[{k.name!r}]['num_stages']  # lowered by the runtime if smem runs out",
-            f"{k.name}[{tuple(k.grid)}]({args}, NUM_STAGES=st, num_warps={k.warps}, num_stages=st)",
+            f"{k.name}[{(gx * n_split, gy, gz)}]({args}, ws, NUM_STAGES=st, "
+            f"num_warps={k.warps}, num_stages=st)",
+            f"{k.name}_combine[{tuple(k.grid)}]({args}, ws, NUM_STAGES=1, "
+            f"num_warps={k.warps}, num_stages=1)",
         ]
 
     out += ["", *launcher_lines(p, launch_line), ""]

@@ -1,0 +1,114 @@
+"""Split-loop printing (split-K, flash-decoding): a kernel printed as a part kernel that runs
+a slice of the for-loop per block plus a combine kernel must compute what the unsplit kernel
+computes. Runs in the Triton interpreter against float64 references."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plans
+import pytest
+from conftest import needs_triton
+
+pytestmark = needs_triton
+
+TOL = {"float32": 2e-5, "float16": 3e-3}
+
+
+def _splits(case: plans.Case, want: int) -> tuple[tuple[str, int], ...]:
+    """Split every generated kernel whose loop allows it by the largest power of two ≤ want
+    that divides the loop and leaves each part ≥ 1 iteration."""
+    from yirage_cuda._plan import parse_plan
+
+    out = []
+    for k in parse_plan(case.plan).generated:
+        s = want
+        while s > 1 and (k.forloop_range % s or not any(o.op == "accum" for o in k.ops)):
+            s //= 2
+        if s > 1:
+            out.append((k.name, s))
+    return tuple(out)
+
+
+def _backend(splits: tuple[tuple[str, int], ...]) -> Any:
+    from yirage_cuda import CudaBackend
+    from yirage_cuda._triton_codegen import TritonOptions
+
+    opts = TritonOptions(bf16_dot_as_fp32=True, split_loop=splits)
+    return CudaBackend(interpret=True, cuda_cpp=False, triton_options=opts)
+
+
+def _run(case: plans.Case, splits: tuple[tuple[str, int], ...], xs: list[np.ndarray]) -> Any:
+    be = _backend(splits)
+    src = be.codegen(case.plan)
+    kernel = be.load(be.compile(src))
+    tensors = be.from_numpy([x.astype(np.float32) for x in xs], [d for _, d in case.inputs])
+    outs = [o.double().numpy() for o in kernel(*tensors)]
+    return src.code, outs, [t.double().numpy() for t in tensors]
+
+
+def _err(a: np.ndarray, b: np.ndarray) -> float:
+    assert np.isfinite(a).all()
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+SPLIT_CASES = [
+    plans.rmsnorm_linear(),
+    plans.gated_mlp(),
+    plans.lora(),
+    plans.gqa_decode(),
+    plans.gqa_decode(qk_norm=True, combine="loop"),
+    plans.attention_fused(),
+    plans.zoo_reduce_matmul(),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c.name for c in SPLIT_CASES])
+@pytest.mark.parametrize("want", [2, 4])
+def test_split_kernels_match_reference(case: plans.Case, want: int) -> None:
+    splits = _splits(case, want)
+    if not splits:
+        pytest.fail(f"{case.name}: no kernel of the fixture can be split (fixture changed?)")
+    code, outs, xs = _run(case, splits, case.random_inputs(1))
+    for name, _ in splits:
+        assert f"def {name}_combine(" in code
+    for o, r in zip(outs, case.reference(*xs), strict=True):
+        assert _err(o, r) <= TOL["float32"], case.name
+
+
+def test_combine_rescales_to_the_common_row_max() -> None:
+    """The last split sees scores far larger than the others: its partial sums must dominate
+    after the combine rescales every part to the common maximum (an unscaled sum of the
+    parts, or one that forgot the per-part maxima, is wrong by orders of magnitude)."""
+    case = plans.attention_fused(scale=4.0)
+    xs = case.random_inputs(5)
+    xs[1][:, :, -64:] *= 8.0
+    _, outs, rounded = _run(case, (("attn", 4),), xs)
+    assert _err(outs[0], case.reference(*rounded)[0]) <= 1e-4
+
+
+def test_split_rejects_a_split_that_does_not_divide_the_loop() -> None:
+    from yirage_cuda._plan import CodegenError
+
+    case = plans.attention_fused()  # forloop 8
+    with pytest.raises(CodegenError, match="does not divide forloop"):
+        _backend((("attn", 3),)).codegen(case.plan)
+
+
+def test_loop_split_heuristic() -> None:
+    from yirage_cuda._plan import parse_plan
+    from yirage_cuda._triton_codegen import loop_split
+
+    # rmsnorm_linear at the H100 shape: few blocks, a long loop → split until ≥ 2 blocks/SM
+    big = plans.rmsnorm_linear(b=8, h=4096, n=6144, tn=128, tk=64, dtype="float16")
+    (k,) = parse_plan(big.plan).generated
+    blocks = k.grid[0] * k.grid[1] * k.grid[2]
+    s = loop_split(k, sm_count=132)
+    assert s > 1 and blocks * s >= 2 * 132 and k.forloop_range % s == 0
+    assert blocks * (s // 2) < 2 * 132  # the smallest such power of two
+    # enough blocks already: no split
+    assert loop_split(k, sm_count=max(1, blocks // 2)) == 1
+    # a cap on the split, and parts keep ≥ 2 iterations
+    assert loop_split(k, sm_count=10**6, max_split=4) == 4
+    assert k.forloop_range // loop_split(k, sm_count=10**6, max_split=1024) >= 2
