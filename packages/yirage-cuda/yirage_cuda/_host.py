@@ -6,7 +6,9 @@ capture works), runs library kernels through torch (matmul → cuBLAS via ``torc
 generated kernels through the printer-specific launch line, in plan order, on the current
 stream, with no host synchronisation.
 
-Library ops compute in fp32 and cast to the destination buffer's dtype, except matmul, which
+Library ops compute in fp32 and cast to the destination buffer's dtype (operands that already
+have the destination dtype go to torch as they are: its 16-bit kernels compute in fp32 and
+round once, so the result is the same without the fp32 copies), except matmul, which
 multiplies in the 16-bit dtype of its operands when one is 16-bit (tensor cores, fp32
 accumulation inside cuBLAS) and in fp32 otherwise.
 """
@@ -64,7 +66,10 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
         cd = TORCH_DTYPE[low[0]] if low else "torch.float32"
         expr = f"torch.matmul({ins[0]}.to({cd}), {ins[1]}.to({cd}))"
     else:
-        f = [f"{x}.float()" for x in ins]
+        # torch computes 16-bit elementwise ops, sums, softmax and rms_norm in fp32 and
+        # rounds once, so operands already in the destination dtype need no fp32 copies
+        native = all(plan.buffer(b).dtype == out_buf.dtype for b in k.inputs)
+        f = list(ins) if native else [f"{x}.float()" for x in ins]
         if k.op == "unary":
             expr = _unary_torch(str(p["op"]), f[0], [float(v) for v in p.get("params", [])])
         elif k.op == "binary":

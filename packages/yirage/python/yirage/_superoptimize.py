@@ -346,6 +346,12 @@ def superoptimize(
             cr.measured_us = us if cr.measured_us is None else min(cr.measured_us, us)
             spread.setdefault(index, []).append(us)
     report.profile_s += time.perf_counter() - tp
+    for _, index, _, _, launcher in passing:
+        # backends with several code paths per plan (e.g. cuda: triton, triton_split, cuda)
+        timings = getattr(launcher, "timings", None)
+        if isinstance(timings, dict) and len(timings) > 1:
+            times = ", ".join(f"{n} {t:.1f} µs" for n, t in sorted(timings.items()))
+            report.candidates[index].description += f" (variant {launcher.variant}: {times})"
     noisy = _noisy(spread)
     if noisy:
         report.notes.append(
