@@ -109,6 +109,6 @@ def test_loop_split_heuristic() -> None:
     assert blocks * (s // 2) < 2 * 132  # the smallest such power of two
     # enough blocks already: no split
     assert loop_split(k, sm_count=max(1, blocks // 2)) == 1
-    # a cap on the split, and parts keep ≥ 2 iterations
+    # a cap on the split, and only splits that divide the loop
     assert loop_split(k, sm_count=10**6, max_split=4) == 4
-    assert k.forloop_range // loop_split(k, sm_count=10**6, max_split=1024) >= 2
+    assert loop_split(k, sm_count=10**6, max_split=1024) == k.forloop_range

@@ -898,20 +898,20 @@ _HELPERS = {
 }
 
 
-def loop_split(k: GeneratedKernel, sm_count: int, max_split: int = 16) -> int:
+def loop_split(k: GeneratedKernel, sm_count: int, max_split: int = 32) -> int:
     """How many ways to split ``k``'s for-loop across extra blocks (1: do not split).
 
     A kernel whose grid leaves SMs idle (fewer than two blocks per SM) and whose loop streams
     tiles into accumulators is split — like split-K GEMMs and flash-decoding — into the
-    smallest power of two that gives at least two blocks per SM while every part still
-    runs two iterations or more."""
+    smallest power of two dividing the loop that gives at least two blocks per SM (the
+    core's cost model charges the same split: ``yirage_core::cost::gpu_loop_split``)."""
     if not any(o.op == "accum" for o in k.ops) or not any(a.uses_iter() for a in k.inputs):
         return 1
     blocks = k.grid[0] * k.grid[1] * k.grid[2]
     split = 1
     while blocks * split < 2 * sm_count and split * 2 <= max_split:
         nxt = split * 2
-        if k.forloop_range % nxt or k.forloop_range // nxt < 2:
+        if k.forloop_range % nxt:
             break
         split = nxt
     return split

@@ -40,7 +40,12 @@
 //!   through registers spill / cut occupancy; bandwidth scales by `max / tile`;
 //! * **per-iteration latency**: every iteration costs [`GPU_ITER_US`] (barrier, address
 //!   math, pipeline bookkeeping) that overlaps only across resident blocks:
-//!   `F × GPU_ITER_US × max(1, blocks / (resident × units))` is added.
+//!   `F × GPU_ITER_US × max(1, blocks / (resident × units))` is added;
+//! * **coalescing**: an input tile whose rows are shorter than [`GPU_COALESCE_BYTES`] is
+//!   charged `GPU_COALESCE_BYTES / row bytes` times its bytes;
+//! * **loop split**: a kernel that leaves units idle may run split ([`gpu_loop_split`]):
+//!   `S`× the blocks with `F / S` iterations each plus a combine kernel; the cheaper of the
+//!   split and unsplit forms is charged, as the profiler keeps the faster variant.
 
 use crate::error::{CoreError, Result};
 use serde::{Deserialize, Serialize};
@@ -64,6 +69,13 @@ pub const GPU_ITER_US: f64 = 0.1;
 pub const GPU_TILE_BYTES_MAX: f64 = 24.0 * 1024.0;
 /// GPU: most blocks of one kernel resident on a unit at once.
 pub const GPU_MAX_RESIDENT: u64 = 4;
+/// GPU: contiguous bytes per tile row below which loads waste DRAM bursts (a 128-byte
+/// segment; measured on the H100: 64-byte rows of a weight tile ran at half the bandwidth).
+pub const GPU_COALESCE_BYTES: f64 = 128.0;
+/// GPU: most ways a for-loop is split across blocks (see [`gpu_loop_split`]).
+pub const GPU_MAX_SPLIT: u32 = 32;
+/// GPU: time of a split kernel's combine step beyond its launch (µs).
+pub const GPU_COMBINE_US: f64 = 1.0;
 
 /// What the search and the cost model know about the target device.
 ///
@@ -159,7 +171,7 @@ impl DeviceSpec {
 
     /// True for the GPU vendors whose streaming terms the model charges (see module doc).
     pub fn is_streaming_gpu(&self) -> bool {
-        !self.is_cpu() && matches!(self.vendor.as_str(), "cuda" | "rocm")
+        !self.is_cpu() && matches!(self.vendor.as_str(), "cuda" | "nvidia" | "rocm" | "amd")
     }
 
     /// True for CPU-like devices whose "blocks" are single-threaded tasks.
@@ -248,6 +260,8 @@ pub struct ReadProfile {
     pub unique_bytes: f64,
     /// Bytes requested by all blocks together (≥ unique: replicated tiles are re-read).
     pub total_bytes: f64,
+    /// Contiguous bytes per row of the tile a block loads (0: unknown, e.g. library calls).
+    pub run_bytes: f64,
 }
 
 /// One block-level matmul: tile dims and total flops over the whole kernel.
@@ -299,11 +313,56 @@ pub fn tile_efficiency(spec: &DeviceSpec, m: u64, n: u64, k: u64) -> f64 {
     eff(m, tm) * eff(n, tn) * eff(k, tk)
 }
 
+/// Loop split a GPU code generator applies to a generated kernel (1: none): the smallest
+/// power of two ≤ [`GPU_MAX_SPLIT`] dividing the for-loop that gives every unit two blocks,
+/// as the CUDA backend's split-loop variant does (split-K, flash-decoding). The profiler
+/// keeps the split variant only where it wins, so the model charges the cheaper of both.
+pub fn gpu_loop_split(spec: &DeviceSpec, blocks: u64, forloop: u32) -> u32 {
+    let target = 2 * spec.compute_units as u64;
+    let mut split = 1u32;
+    while blocks * (split as u64) < target && split * 2 <= GPU_MAX_SPLIT {
+        let next = split * 2;
+        if forloop % next != 0 {
+            break;
+        }
+        split = next;
+    }
+    split
+}
+
 /// Predicted cost of one kernel.
 pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
+    let base = kernel_cost_split(spec, p, 1);
+    if !spec.is_streaming_gpu() || p.library || p.blocks == 0 || p.forloop < 2 {
+        return base;
+    }
+    let split = gpu_loop_split(spec, p.blocks, p.forloop);
+    if split == 1 {
+        return base;
+    }
+    let mut parts = kernel_cost_split(spec, p, split);
+    // the combine kernel: one more launch and a short read of the partial states
+    parts.total_us += spec.launch_us() + GPU_COMBINE_US;
+    parts.launch_us += spec.launch_us();
+    if parts.total_us < base.total_us {
+        parts
+    } else {
+        base
+    }
+}
+
+/// Cost of `p` with its for-loop split `split` ways across `split`× the blocks.
+fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> KernelCost {
     let bw = spec.mem_bandwidth_gbps * 1e3; // bytes per µs
     let mut mem = p.write_bytes / bw;
+    let streaming = spec.is_streaming_gpu() && !p.library;
     for r in &p.reads {
+        // rows shorter than a coalesced segment waste the rest of each DRAM burst
+        let coalesced = if streaming && r.run_bytes > 0.0 {
+            (r.run_bytes / GPU_COALESCE_BYTES).min(1.0)
+        } else {
+            1.0
+        };
         let unique = r.unique_bytes.min(r.total_bytes);
         let reread = (r.total_bytes - unique).max(0.0);
         let reread_bw = if r.unique_bytes <= spec.l2_bytes as f64 / 2.0 {
@@ -311,7 +370,7 @@ pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
         } else {
             bw
         };
-        mem += unique / bw + reread / reread_bw;
+        mem += (unique / bw + reread / reread_bw) / coalesced;
     }
     let mma_peak = if p.low_precision && spec.matrix_tile.is_some() {
         spec.peak_tflops_fp16
@@ -325,17 +384,18 @@ pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
     }
     compute += p.other_flops / (spec.peak_tflops_fp32 * 1e6 * OTHER_FLOPS_FRACTION);
     let cu = spec.compute_units as f64;
-    let util = if p.library || p.blocks == 0 {
+    let blocks = p.blocks * split as u64;
+    let util = if p.library || blocks == 0 {
         1.0
     } else {
-        let b = p.blocks as f64;
+        let b = blocks as f64;
         b / ((b / cu).ceil() * cu)
     };
     let mut mem_util = (util * MEM_UNITS_FACTOR).min(1.0);
     let mut iter_us = 0.0;
-    if spec.is_streaming_gpu() && !p.library && p.blocks > 0 {
-        let b = p.blocks as f64;
-        let f = p.forloop.max(1);
+    if spec.is_streaming_gpu() && !p.library && blocks > 0 {
+        let b = blocks as f64;
+        let f = (p.forloop / split).max(1);
         let stages = GPU_STAGES.min(f).max(1) as f64;
         let read: f64 = p.reads.iter().map(|r| r.total_bytes).sum();
         let tile = read / (b * f as f64);
@@ -357,7 +417,7 @@ pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
     let stages = if p.library {
         LIBRARY_STAGES
     } else {
-        p.forloop.max(1) as f64
+        (p.forloop / split).max(1) as f64
     };
     let exposed = memory_us.min(compute_us) / stages;
     KernelCost {
@@ -404,6 +464,7 @@ mod tests {
         let read = |u: f64, t: f64| ReadProfile {
             unique_bytes: u,
             total_bytes: t,
+            run_bytes: 0.0,
         };
         // Same bytes, 132 blocks vs 33 blocks: fewer blocks cannot be faster.
         let mk = |blocks| KernelProfile {
@@ -443,5 +504,47 @@ mod tests {
             },
         );
         assert!(small.memory_us < big.memory_us);
+    }
+
+    #[test]
+    fn loop_split_fills_idle_units() {
+        let spec = DeviceSpec::h100();
+        // 16 blocks (GQA decode: batch × kv heads) over 132 units: split 32 ways (512 ≥ 264)
+        assert_eq!(gpu_loop_split(&spec, 16, 64), 32);
+        // capped by what divides the loop
+        assert_eq!(gpu_loop_split(&spec, 16, 8), 8);
+        assert_eq!(gpu_loop_split(&spec, 16, 12), 4);
+        // enough blocks already
+        assert_eq!(gpu_loop_split(&spec, 264, 64), 1);
+        let attention = |forloop| KernelProfile {
+            blocks: 16,
+            reads: vec![ReadProfile {
+                unique_bytes: 33.5e6,
+                total_bytes: 33.5e6,
+                run_bytes: 128.0,
+            }],
+            forloop,
+            low_precision: true,
+            ..Default::default()
+        };
+        // the split form of a 16-block streaming kernel is charged, and is far cheaper than
+        // the 16 blocks alone would be; a kernel without a loop cannot split
+        let split = kernel_cost(&spec, &attention(64));
+        let unsplit = kernel_cost_split(&spec, &attention(64), 1);
+        assert!(split.total_us < unsplit.total_us / 4.0);
+        assert_eq!(split.launch_us, 2.0 * spec.launch_us());
+        let no_loop = kernel_cost(&spec, &attention(1));
+        assert_eq!(no_loop, kernel_cost_split(&spec, &attention(1), 1));
+        // 64-byte rows cost twice the bytes of 128-byte rows on the GPU, the same on the CPU
+        let mut narrow = attention(64);
+        narrow.reads[0].run_bytes = 64.0;
+        let wide = kernel_cost_split(&spec, &attention(64), 1);
+        assert!(kernel_cost_split(&spec, &narrow, 1).memory_us > 1.9 * wide.memory_us);
+        // the CPU never splits
+        let cpu = DeviceSpec::cpu2();
+        assert_eq!(
+            kernel_cost(&cpu, &attention(64)),
+            kernel_cost_split(&cpu, &attention(64), 1)
+        );
     }
 }

@@ -363,6 +363,7 @@ pub fn profile_of(
                 p.reads.push(ReadProfile {
                     unique_bytes: kernel_numel as f64 * eb,
                     total_bytes: numel(&t.dims) as f64 * eb * loads * nb,
+                    run_bytes: t.dims.last().map_or(0.0, |&d| d as f64 * eb),
                 });
             }
             TileKind::Matmul => {
@@ -546,6 +547,7 @@ pub fn library_profile(
         p.reads.push(ReadProfile {
             unique_bytes: b,
             total_bytes: b,
+            run_bytes: 0.0,
         });
     }
     for &o in outs {

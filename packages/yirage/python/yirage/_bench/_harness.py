@@ -343,6 +343,16 @@ def _run_yirage(
         "verification_level": getattr(rep, "verification_level", None),
         "search_config": config,
         "notes": [*getattr(rep, "notes", []), *getattr(warm_rep, "notes", [])],
+        "candidates": [
+            {
+                "description": c.description,
+                "status": c.status,
+                "predicted_us": c.predicted_us,
+                "measured_us": c.measured_us,
+                "error": c.error,
+            }
+            for c in getattr(rep, "candidates", [])
+        ],
     }
     return kernel, info
 
@@ -583,6 +593,7 @@ def run_case(
         "yirage_search_config": yinfo["search_config"],
         "yirage_verification_level": yinfo["verification_level"],
         "yirage_notes": list(dict.fromkeys(str(n) for n in yinfo["notes"])),
+        "yirage_candidates": yinfo["candidates"],
         "torch_compile_s": comp.info.get("torch_compile_s"),
         "expert_name": expert.info.get("name") if expert.fn is not None else None,
         "expert_prepared_inputs": expert.info.get("prepared_inputs"),

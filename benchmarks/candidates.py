@@ -1,0 +1,82 @@
+"""Diagnostics for the cuda backend: CUDA-graph replay time of a workload's top search
+candidates under several Triton printings (loop splits, pipeline depths), each checked
+against the workload's PyTorch reference.
+
+    python benchmarks/candidates.py gqa_decode --preset gpu --top 4 --splits 1 4 16
+
+Prints one line per (candidate, split, stages): median µs, relative error, the split chosen
+by ``loop_split`` for comparison. Needs a CUDA GPU, torch and triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+import yirage as yr
+from yirage import _workloads
+from yirage._bench._timing import cuda_graph_median
+from yirage_cuda import CudaBackend
+from yirage_cuda._plan import parse_plan
+from yirage_cuda._toolchain import device_info
+from yirage_cuda._triton_codegen import TritonOptions, loop_split
+
+
+def _rel_err(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
+    worst = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        o64, r64 = o.double(), r.double()
+        worst = max(worst, float((o64 - r64).norm() / r64.norm().clamp_min(1e-30)))
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workload")
+    ap.add_argument("--preset", default="gpu")
+    ap.add_argument("--top", type=int, default=4)
+    ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--stages", type=int, nargs="+", default=[0], help="0: the printer's choice")
+    args = ap.parse_args()
+
+    w = _workloads.get_workload(args.workload)
+    g = w.graph(args.preset)
+    sms = device_info().sm_count
+    res = yr.search(g, backend="cuda", config=w.search_config, top_k=args.top, cache=False)
+    xs = w.inputs(args.preset, device="cuda")
+    refs = w.reference(*[x.float() for x in xs])
+    print(f"{args.workload} {args.preset} on {torch.cuda.get_device_name()} ({sms} SMs)")
+    for rank, cand in enumerate(res.candidates[: args.top + 1]):
+        plan = cand.kernel_plan()
+        p = parse_plan(plan)
+        auto = {k.name: loop_split(k, sms) for k in p.generated}
+        print(f"#{rank} predicted {cand.predicted_us:.1f} µs: {cand} (loop_split {auto})")
+        for split in args.splits:
+            chosen = tuple(
+                (k.name, split)
+                for k in p.generated
+                if split > 1
+                and k.forloop_range % split == 0
+                and any(o.op == "accum" for o in k.ops)
+            )
+            if split > 1 and not chosen:
+                continue
+            for stages in args.stages:
+                opts = TritonOptions(split_loop=chosen, num_stages=stages or None)
+                be = CudaBackend(cuda_cpp=False, triton_options=dataclasses.replace(opts))
+                try:
+                    kern = be.load(be.compile(be.codegen(plan)))
+                    err = _rel_err(kern(*xs), refs)
+                    t = cuda_graph_median(lambda kern=kern: kern.run_unchecked(xs))
+                    print(
+                        f"    split {split:3d} stages {stages or '-':>2}: "
+                        f"{t.median_us:8.1f} µs  rel err {err:.1e}"
+                    )
+                except Exception as exc:  # diagnostics: report and go on
+                    print(f"    split {split:3d} stages {stages}: {type(exc).__name__}: {exc}")
+
+
+if __name__ == "__main__":
+    main()
