@@ -37,6 +37,7 @@ from yirage_cuda._runtime import (
     ProfileResult,
     TritonLauncher,
     profile,
+    time_callable,
 )
 from yirage_cuda._triton_codegen import (
     TritonOptions,
@@ -46,6 +47,9 @@ from yirage_cuda._triton_codegen import (
 )
 
 __all__ = ["CudaArtifact", "CudaBackend", "CudaKernel", "CudaSource"]
+
+#: Variants slower than this factor times the fastest in a short screen are not profiled.
+SCREEN_FACTOR = 1.5
 
 
 @dataclass
@@ -349,7 +353,7 @@ class CudaBackend(Backend):
         results: dict[str, ProfileResult] = {}
         base = kernel.variants["triton"]
         ref_out = None
-        for name, var in kernel.variants.items():
+        for name, var in self._contenders(kernel, inputs).items():
             if name != "triton":
                 try:
                     if ref_out is None:
@@ -380,6 +384,35 @@ class CudaBackend(Backend):
         if not kernel.interpret:
             self._remember_variant(kernel.plan, best, kernel.timings)
         return results[best]
+
+    def _contenders(self, kernel: CudaKernel, inputs: Sequence[Any]) -> dict[str, CudaLauncher]:
+        """The variants worth a full profile: a short screen (a few event-timed launches)
+        drops those over ``SCREEN_FACTOR`` times the fastest, so a slow path (often the plain
+        CUDA C++ one) costs milliseconds, not a full profile. The Triton variant always
+        stays: it is the reference the others are checked against."""
+        if self.interpret or len(kernel.variants) < 2:
+            return dict(kernel.variants)
+        quick: dict[str, float] = {}
+        for name, var in kernel.variants.items():
+            try:
+                launch, _, _ = time_callable(
+                    var.run_unchecked, [list(inputs)], warmup=2, repeats=5, graph=False
+                )
+                quick[name] = min(launch)
+            except Exception as exc:
+                kernel.notes.append(f"{name} variant failed to run: {type(exc).__name__}: {exc}")
+        fastest = min(quick.values(), default=0.0)
+        keep = {
+            n: v
+            for n, v in kernel.variants.items()
+            if n == "triton" or (n in quick and quick[n] <= SCREEN_FACTOR * fastest)
+        }
+        for n in kernel.variants:
+            if n not in keep and n in quick:
+                kernel.notes.append(
+                    f"{n} variant screened out ({quick[n]:.1f} µs vs {fastest:.1f} µs)"
+                )
+        return keep
 
     # -- variant memory ----------------------------------------------------------------------------
     def _variant_path(self, plan: Plan) -> Path:

@@ -354,10 +354,14 @@ def time_callable(
     repeats: int = 50,
     flush_l2: bool = True,
     graph: bool = True,
+    calls_per_graph: int = 10,
 ) -> tuple[list[float], list[float] | None, str | None]:
     """Event-timed launches and CUDA-graph replays of ``fn(inputs)`` (µs per call).
 
-    Returns (launch times, graph replay times or None, graph error or None)."""
+    Each graph holds ``calls_per_graph`` back-to-back calls (cycling the input sets) and the
+    replay time is divided by that count, so launch gaps are excluded as in the benchmark
+    (and TARGETS.md); L2 is flushed before each launch or replay, not between the calls of
+    one replay. Returns (launch times, graph replay times or None, graph error or None)."""
     torch = _torch()
     dev = input_sets[0][0].device if input_sets and input_sets[0] else torch.device("cuda")
     flush = None
@@ -392,10 +396,12 @@ def time_callable(
                 fn(s)  # warm-up on a side stream, as torch requires before capture
         torch.cuda.current_stream(dev).wait_stream(side)
         torch.cuda.synchronize(dev)
-        for s in input_sets:
+        per = max(1, calls_per_graph)
+        for j in range(n):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                fn(s)
+                for c in range(per):
+                    fn(input_sets[(j + c) % n])
             graphs.append(g)
         for i in range(warmup):
             graphs[i % n].replay()
@@ -407,7 +413,7 @@ def time_callable(
             graphs[i % n].replay()
             ends[i].record()
         torch.cuda.synchronize(dev)
-        replay = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
+        replay = [s.elapsed_time(e) * 1000.0 / per for s, e in zip(starts, ends, strict=True)]
         del graphs
         return launch, replay, None
     except Exception as exc:  # report, never hide: the caller records graph_error

@@ -69,9 +69,9 @@ pub const GPU_ITER_US: f64 = 0.1;
 pub const GPU_TILE_BYTES_MAX: f64 = 24.0 * 1024.0;
 /// GPU: most blocks of one kernel resident on a unit at once.
 pub const GPU_MAX_RESIDENT: u64 = 4;
-/// GPU: contiguous bytes per tile row below which loads waste DRAM bursts (a 128-byte
-/// segment; measured on the H100: 64-byte rows of a weight tile ran at half the bandwidth).
-pub const GPU_COALESCE_BYTES: f64 = 128.0;
+/// GPU: contiguous bytes per tile row below which loads waste DRAM bursts (on the H100,
+/// 64-byte weight-tile rows streamed well in the gated MLP, 48-byte rows at half speed).
+pub const GPU_COALESCE_BYTES: f64 = 64.0;
 /// GPU: most ways a for-loop is split across blocks (see [`gpu_loop_split`]).
 pub const GPU_MAX_SPLIT: u32 = 32;
 /// GPU: time of a split kernel's combine step beyond its launch (µs).
@@ -535,9 +535,9 @@ mod tests {
         assert_eq!(split.launch_us, 2.0 * spec.launch_us());
         let no_loop = kernel_cost(&spec, &attention(1));
         assert_eq!(no_loop, kernel_cost_split(&spec, &attention(1), 1));
-        // 64-byte rows cost twice the bytes of 128-byte rows on the GPU, the same on the CPU
+        // 32-byte rows cost twice the bytes of 128-byte rows on the GPU, the same on the CPU
         let mut narrow = attention(64);
-        narrow.reads[0].run_bytes = 64.0;
+        narrow.reads[0].run_bytes = 32.0;
         let wide = kernel_cost_split(&spec, &attention(64), 1);
         assert!(kernel_cost_split(&spec, &narrow, 1).memory_us > 1.9 * wide.memory_us);
         // the CPU never splits
