@@ -108,6 +108,13 @@ def test_fingerprint_is_deterministic_and_thread_independent(monkeypatch) -> Non
     assert g.fingerprint(trials=3, seed=7) == one
     assert g.fingerprint(trials=3, seed=8) != one
     assert len(one) >= 32 and int(one, 16) >= 0
+    # a multi-device graph (every rank evaluated, all_reduce summing in rank order) too
+    m = yr.new_kernel_graph(world_size=3)
+    x, w = m.new_input((8, 512), yr.float16), m.new_input((512, 768), yr.float16)
+    m.mark_output(m.rms_norm(m.all_reduce(m.matmul(x, w)), (768,)))
+    multi = m.fingerprint(trials=3, seed=7, threads=1)
+    assert m.fingerprint(trials=3, seed=7, threads=4) == multi
+    assert m.fingerprint(trials=3, seed=7, threads=2) == multi
 
 
 def test_equivalence_needs_equal_input_signatures() -> None:

@@ -84,7 +84,9 @@ def test_lora_is_one_kernel() -> None:
 
 def test_attention_split_kv() -> None:
     g = attention()
-    res = _run(g, spec=H100)
+    # top_k 64: on GPUs the cost model charges one-kernel forms the loop split the cuda
+    # backend applies, so they rank first; the explicit split-KV form must still be found
+    res = _run(g, spec=H100, top_k=64)
     split = [c for c in res.candidates if len(generated(plan_of(c))) == 2]
     assert split, "no split-KV candidate"
     cand = split[0]

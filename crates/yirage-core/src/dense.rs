@@ -127,34 +127,36 @@ pub fn map<D: Domain>(x: &Dense<D::V>, f: impl Fn(D::V) -> D::V) -> Dense<D::V> 
     }
 }
 
-/// Elementwise binary op with size-1 broadcasting (equal rank; dims validated upstream).
+/// Elementwise binary op with numpy broadcasting (right-aligned, missing leading dims are
+/// 1, sizes equal or 1; dims validated upstream).
 pub fn binary_with<D: Domain>(
     a: &Dense<D::V>,
     b: &Dense<D::V>,
     f: impl Fn(D::V, D::V) -> D::V,
 ) -> Dense<D::V> {
-    let out: Dims = a
-        .dims
-        .iter()
-        .zip(&b.dims)
-        .map(|(&x, &y)| x.max(y))
-        .collect();
-    if a.dims == b.dims {
+    let r = a.dims.len().max(b.dims.len());
+    let (pa, pb) = (
+        crate::shape::promote_dims(&a.dims, r),
+        crate::shape::promote_dims(&b.dims, r),
+    );
+    let out: Dims = pa.iter().zip(&pb).map(|(&x, &y)| x.max(y)).collect();
+    if pa == pb {
         return Dense {
             dims: out,
             data: a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect(),
         };
     }
-    let bstr = |t: &Dense<D::V>| -> Vec<usize> {
-        strides(&t.dims)
+    // strides of an operand (promoted to rank r), 0 along its broadcast dims
+    let bstr = |d: &[usize]| -> Vec<usize> {
+        strides(d)
             .iter()
-            .zip(&t.dims)
+            .zip(d)
             .map(|(&s, &n)| if n == 1 { 0 } else { s })
             .collect()
     };
     let (od, _) = pad4(&out, &strides(&out));
-    let (_, sa) = pad4(&a.dims, &bstr(a));
-    let (_, sb) = pad4(&b.dims, &bstr(b));
+    let (_, sa) = pad4(&pa, &bstr(&pa));
+    let (_, sb) = pad4(&pb, &bstr(&pb));
     let mut data = Vec::with_capacity(numel(&out));
     for i0 in 0..od[0] {
         for i1 in 0..od[1] {
@@ -342,6 +344,13 @@ mod tests {
             binary(&d, BinaryOp::Mul, &col, &row).data,
             vec![10., 20., 20., 40.]
         );
+        // rank promotion: [2] broadcasts like [1, 2]
+        let v = t(&[2], &[1., 2.]);
+        let r = binary(&d, BinaryOp::Add, &a, &v);
+        assert_eq!(r.dims, vec![2, 2]);
+        assert_eq!(r.data, vec![2., 4., 4., 6.]);
+        let r = binary(&d, BinaryOp::Sub, &v, &col);
+        assert_eq!(r.data, vec![-9., -8., -19., -18.]);
         assert_eq!(reduce_sum(&d, &a, 0).data, vec![4., 6.]);
         assert_eq!(reduce_sum(&d, &a, 1).data, vec![3., 7.]);
         let x = t(&[1, 4], &[1., 2., 3., 4.]);

@@ -1,6 +1,7 @@
 //! The one executor of µGraphs, generic over the value [`Domain`].
 //!
-//! [`run_kernel_graph`] walks a kernel graph in op order; customized ops run their block
+//! [`run_kernel_graph_ranks`] walks a kernel graph in op order, for every rank of a
+//! multi-device graph (all_reduce sums over the ranks); customized ops run their block
 //! graph through [`run_block_graph`], which executes every block of the grid exactly as a
 //! kernel would: slice inputs by imap/block index and fmap/iteration, run loop-body ops in
 //! every iteration, update accumulators, run after-loop ops once, place output tiles by
@@ -32,118 +33,191 @@ fn get<V>(vals: &[Option<Dense<V>>], id: usize) -> Result<&Dense<V>> {
 /// aborting the process on allocation failure. Fingerprints need only small shapes.
 pub const MAX_EVAL_ELEMS: u64 = 1 << 31;
 
-/// Refuse graphs whose tensors exceed [`MAX_EVAL_ELEMS`] elements in all.
+/// Refuse graphs whose tensors (over all `world_size` ranks) exceed [`MAX_EVAL_ELEMS`]
+/// elements in all.
 pub fn check_size(g: &KernelGraph) -> Result<()> {
     let total: u64 = g
         .tensors()
         .iter()
         .map(|t| crate::shape::numel(&t.dims) as u64)
-        .sum();
+        .sum::<u64>()
+        .saturating_mul(g.world_size() as u64);
     if total > MAX_EVAL_ELEMS {
         return eval_err(format!(
-            "the graph's tensors hold {total} elements in all, more than the evaluator's limit of 2^31; evaluate/fingerprint a smaller instance of the graph"
+            "the graph's tensors hold {total} elements in all (over all ranks), more than the evaluator's limit of 2^31; evaluate/fingerprint a smaller instance of the graph"
         ));
     }
     Ok(())
 }
 
-/// Evaluate `g` on `inputs` (one per graph input, dims checked); returns the outputs.
+/// Evaluate a single-device graph (`world_size` 1) on `inputs` (one per graph input, dims
+/// checked); returns the outputs. Multi-device graphs go through [`run_kernel_graph_ranks`].
 pub fn run_kernel_graph<D: Domain>(
     d: &D,
     g: &KernelGraph,
     inputs: Vec<Dense<D::V>>,
 ) -> Result<Vec<Dense<D::V>>> {
-    g.check_complete()?;
-    if inputs.len() != g.inputs().len() {
+    if g.world_size() != 1 {
         return eval_err(format!(
-            "the graph has {} inputs, got {}",
-            g.inputs().len(),
+            "the graph runs on {} ranks: give every rank's inputs (evaluate all ranks)",
+            g.world_size()
+        ));
+    }
+    let mut outs = run_kernel_graph_ranks(d, g, vec![inputs])?;
+    outs.pop().ok_or_else(|| internal("rank count"))
+}
+
+/// Evaluate every rank of `g`: `inputs[r]` are rank r's inputs (one per graph input, dims
+/// checked); returns `outputs[r]`. Ops run per rank (ranks in parallel); `all_reduce` sums
+/// over the ranks in rank order, so results do not depend on the thread count.
+pub fn run_kernel_graph_ranks<D: Domain>(
+    d: &D,
+    g: &KernelGraph,
+    inputs: Vec<Vec<Dense<D::V>>>,
+) -> Result<Vec<Vec<Dense<D::V>>>> {
+    g.check_complete()?;
+    let n = g.world_size();
+    if inputs.len() != n {
+        return eval_err(format!(
+            "the graph runs on {n} ranks, got inputs for {}",
             inputs.len()
         ));
     }
-    for (k, (x, &t)) in inputs.iter().zip(g.inputs()).enumerate() {
-        let want = &g.tensors()[t].dims;
-        if &x.dims != want || x.data.len() != crate::shape::numel(want) {
+    for (r, rank_inputs) in inputs.iter().enumerate() {
+        let on_rank = if n > 1 {
+            format!(" on rank {r}")
+        } else {
+            String::new()
+        };
+        if rank_inputs.len() != g.inputs().len() {
             return eval_err(format!(
-                "input #{k} has dims {}; the graph expects {}",
-                fmt_dims(&x.dims),
-                fmt_dims(want)
+                "the graph has {} inputs, got {}{on_rank}",
+                g.inputs().len(),
+                rank_inputs.len()
             ));
+        }
+        for (k, (x, &t)) in rank_inputs.iter().zip(g.inputs()).enumerate() {
+            let want = &g.tensors()[t].dims;
+            if &x.dims != want || x.data.len() != crate::shape::numel(want) {
+                return eval_err(format!(
+                    "input #{k}{on_rank} has dims {}; the graph expects {}",
+                    fmt_dims(&x.dims),
+                    fmt_dims(want)
+                ));
+            }
         }
     }
     check_size(g)?;
-    let mut vals: Vec<Option<Dense<D::V>>> = vec![None; g.num_tensors()];
-    let mut inputs = inputs.into_iter();
+    let mut vals: Vec<Vec<Option<Dense<D::V>>>> = vec![vec![None; g.num_tensors()]; n];
+    let mut inputs: Vec<_> = inputs.into_iter().map(|v| v.into_iter()).collect();
     for op in g.ops() {
-        let one = |v: Dense<D::V>| vec![v];
-        let outs: Vec<Dense<D::V>> = match &op.kind {
-            KernelOpKind::Input { .. } => {
-                one(inputs.next().ok_or_else(|| internal("input count"))?)
+        let outs: Vec<Vec<Dense<D::V>>> = match &op.kind {
+            KernelOpKind::Input { .. } => inputs
+                .iter_mut()
+                .map(|it| {
+                    it.next()
+                        .map(|v| vec![v])
+                        .ok_or_else(|| internal("input count"))
+                })
+                .collect::<Result<_>>()?,
+            KernelOpKind::AllReduce { x } => {
+                let mut acc = get(&vals[0], *x)?.clone();
+                for rank_vals in &vals[1..] {
+                    dense::add_assign(d, &mut acc, get(rank_vals, *x)?);
+                }
+                vec![vec![acc]; n]
             }
-            KernelOpKind::Matmul { a, b } => {
-                one(dense::matmul(d, get(&vals, *a)?, get(&vals, *b)?))
-            }
-            KernelOpKind::Unary { op, x } => one(dense::unary(d, *op, get(&vals, *x)?)),
-            KernelOpKind::Binary { op, a, b } => {
-                one(dense::binary(d, *op, get(&vals, *a)?, get(&vals, *b)?))
-            }
-            KernelOpKind::Reduction { x, dim } => one(dense::reduce_sum(d, get(&vals, *x)?, *dim)),
-            KernelOpKind::RmsNorm {
-                x,
-                normalized_shape,
-                weight,
-                eps,
-            } => {
-                let w = match weight {
-                    Some(w) => Some(get(&vals, *w)?),
-                    None => None,
-                };
-                one(dense::rms_norm(
-                    d,
-                    get(&vals, *x)?,
-                    normalized_shape.len(),
-                    w,
-                    *eps,
-                ))
-            }
-            KernelOpKind::Softmax { x, dim } => one(dense::softmax(d, get(&vals, *x)?, *dim)),
-            KernelOpKind::Concat { xs, dim } => {
-                let parts: Vec<&Dense<D::V>> =
-                    xs.iter().map(|&x| get(&vals, x)).collect::<Result<_>>()?;
-                one(dense::concat(&parts, *dim))
-            }
-            KernelOpKind::Chunk {
-                x,
-                chunks,
-                dim,
-                index,
-            } => {
-                let src = get(&vals, *x)?;
-                let mut sizes = src.dims.clone();
-                sizes[*dim] /= chunks;
-                let mut off = vec![0; sizes.len()];
-                off[*dim] = index * sizes[*dim];
-                one(src.slice(&off, &sizes))
-            }
-            KernelOpKind::Customized { inputs, graph } => {
-                let ins: Vec<&Dense<D::V>> = inputs
-                    .iter()
-                    .map(|&x| get(&vals, x))
-                    .collect::<Result<_>>()?;
-                run_block_graph(d, graph, &ins)?
-            }
+            kind if n == 1 => vec![run_op(d, kind, &vals[0])?],
+            kind => vals
+                .par_iter()
+                .map(|v| run_op(d, kind, v))
+                .collect::<Result<_>>()?,
         };
-        if outs.len() != op.outs.len() {
-            return Err(internal("output count"));
-        }
-        for (&id, v) in op.outs.iter().zip(outs) {
-            vals[id] = Some(v);
+        for (rank_vals, rank_outs) in vals.iter_mut().zip(outs) {
+            if rank_outs.len() != op.outs.len() {
+                return Err(internal("output count"));
+            }
+            for (&id, v) in op.outs.iter().zip(rank_outs) {
+                rank_vals[id] = Some(v);
+            }
         }
     }
-    g.outputs()
-        .iter()
-        .map(|&o| vals[o].take().ok_or_else(|| internal("output missing")))
+    vals.into_iter()
+        .map(|mut rank_vals| {
+            g.outputs()
+                .iter()
+                .map(|&o| {
+                    rank_vals[o]
+                        .take()
+                        .ok_or_else(|| internal("output missing"))
+                })
+                .collect()
+        })
         .collect()
+}
+
+/// One rank's results of a per-rank op (not an input, not a collective).
+fn run_op<D: Domain>(
+    d: &D,
+    kind: &KernelOpKind,
+    vals: &[Option<Dense<D::V>>],
+) -> Result<Vec<Dense<D::V>>> {
+    let one = |v: Dense<D::V>| Ok(vec![v]);
+    match kind {
+        KernelOpKind::Input { .. } | KernelOpKind::AllReduce { .. } => {
+            Err(internal("run_op on an input or a collective"))
+        }
+        KernelOpKind::Matmul { a, b } => one(dense::matmul(d, get(vals, *a)?, get(vals, *b)?)),
+        KernelOpKind::Unary { op, x } => one(dense::unary(d, *op, get(vals, *x)?)),
+        KernelOpKind::Binary { op, a, b } => {
+            one(dense::binary(d, *op, get(vals, *a)?, get(vals, *b)?))
+        }
+        KernelOpKind::Reduction { x, dim } => one(dense::reduce_sum(d, get(vals, *x)?, *dim)),
+        KernelOpKind::RmsNorm {
+            x,
+            normalized_shape,
+            weight,
+            eps,
+        } => {
+            let w = match weight {
+                Some(w) => Some(get(vals, *w)?),
+                None => None,
+            };
+            one(dense::rms_norm(
+                d,
+                get(vals, *x)?,
+                normalized_shape.len(),
+                w,
+                *eps,
+            ))
+        }
+        KernelOpKind::Softmax { x, dim } => one(dense::softmax(d, get(vals, *x)?, *dim)),
+        KernelOpKind::Concat { xs, dim } => {
+            let parts: Vec<&Dense<D::V>> =
+                xs.iter().map(|&x| get(vals, x)).collect::<Result<_>>()?;
+            one(dense::concat(&parts, *dim))
+        }
+        KernelOpKind::Chunk {
+            x,
+            chunks,
+            dim,
+            index,
+        } => {
+            let src = get(vals, *x)?;
+            let mut sizes = src.dims.clone();
+            sizes[*dim] /= chunks;
+            let mut off = vec![0; sizes.len()];
+            off[*dim] = index * sizes[*dim];
+            one(src.slice(&off, &sizes))
+        }
+        KernelOpKind::Customized { inputs, graph } => {
+            let ins: Vec<&Dense<D::V>> = inputs
+                .iter()
+                .map(|&x| get(vals, x))
+                .collect::<Result<_>>()?;
+            run_block_graph(d, graph, &ins)
+        }
+    }
 }
 
 /// Block index (x, y, z) of linear block number `b` (x fastest).

@@ -17,6 +17,9 @@
 //! clamp(lo, hi), pow(a, b). They are sound: equal inputs give equal outputs, but no
 //! algebraic identity of them (e.g. silu(x) = x·sigmoid(x)) is recognised.
 //!
+//! Multi-device graphs (`world_size` N > 1): every rank is evaluated on its own seeded random
+//! inputs, all_reduce sums over the ranks, and the digest covers every rank's outputs.
+//!
 //! Determinism: inputs come from a counter-based generator keyed by (seed, trial, input
 //! position, element index); per-element sums are exact mod p/q; every thread works on its
 //! own buffers. The digest is therefore bit-identical for any thread count.
@@ -24,7 +27,7 @@
 use crate::dense::Dense;
 use crate::domain::Domain;
 use crate::error::{eval_err, shape_err, CoreError, Result};
-use crate::exec::run_kernel_graph;
+use crate::exec::run_kernel_graph_ranks;
 use crate::field::{fv_from_key, mix64, mix_words, Fv, G, LAZY_TERMS, P, Q};
 use crate::kernel_graph::KernelGraph;
 use crate::ops::{BinaryOp, UnaryOp};
@@ -158,14 +161,31 @@ impl Domain for FieldDomain {
     }
 }
 
-/// Random field inputs of trial `trial`: element j of input i is keyed by
+/// Random field inputs of trial `trial` on rank 0: element j of input i is keyed by
 /// (seed, trial, i, j) — independent of threads and of the other inputs' sizes.
 pub fn random_inputs(g: &KernelGraph, seed: u64, trial: u64) -> Vec<Dense<Fv>> {
+    random_rank_inputs(g, seed, trial, 0)
+}
+
+/// Random field inputs of `rank` (rank 0 as [`random_inputs`]; rank r > 0 keyed by
+/// (seed, trial, "rank", r, i, j), so every rank gets its own values).
+pub fn random_rank_inputs(g: &KernelGraph, seed: u64, trial: u64, rank: usize) -> Vec<Dense<Fv>> {
     g.input_signature()
         .iter()
         .enumerate()
         .map(|(i, (dims, _))| {
-            let key = mix_words(&[0x0069_6e70_7574, seed, trial, i as u64]);
+            let key = if rank == 0 {
+                mix_words(&[0x0069_6e70_7574, seed, trial, i as u64])
+            } else {
+                mix_words(&[
+                    0x0069_6e70_7574,
+                    seed,
+                    trial,
+                    0x7261_6e6b,
+                    rank as u64,
+                    i as u64,
+                ])
+            };
             let data = (0..numel(dims))
                 .into_par_iter()
                 .map(|j| fv_from_key(mix_words(&[key, j as u64])))
@@ -178,7 +198,8 @@ pub fn random_inputs(g: &KernelGraph, seed: u64, trial: u64) -> Vec<Dense<Fv>> {
         .collect()
 }
 
-/// Field outputs of every trial: `result[t][k]` is output k of trial t.
+/// Field outputs of every trial: `result[t][k]` is output k of trial t (for multi-device
+/// graphs, every rank's outputs in rank order: `result[t][r·outputs + k]`).
 pub fn fingerprint_values(
     g: &KernelGraph,
     trials: usize,
@@ -191,7 +212,13 @@ pub fn fingerprint_values(
     }
     (0..trials as u64)
         .into_par_iter()
-        .map(|t| run_kernel_graph(&FieldDomain::new(seed, t), g, random_inputs(g, seed, t)))
+        .map(|t| {
+            let ins = (0..g.world_size())
+                .map(|r| random_rank_inputs(g, seed, t, r))
+                .collect();
+            let outs = run_kernel_graph_ranks(&FieldDomain::new(seed, t), g, ins)?;
+            Ok(outs.into_iter().flatten().collect())
+        })
         .collect()
 }
 
@@ -225,6 +252,11 @@ pub fn fingerprint(
     h.update(b"yirage.fingerprint.v1");
     for w in [P, Q, G, trials as u64, seed, g.outputs().len() as u64] {
         h.update(&w.to_le_bytes());
+    }
+    if g.world_size() > 1 {
+        // (absent for single-device graphs, whose digests stay as they were)
+        h.update(b"world_size");
+        h.update(&(g.world_size() as u64).to_le_bytes());
     }
     for &o in g.outputs() {
         let dims = &g.tensors()[o].dims;
@@ -265,6 +297,13 @@ pub fn equivalent(a: &KernelGraph, b: &KernelGraph, trials: usize, seed: u64) ->
             "equivalent: the graphs have different input signatures {} and {}",
             fmt_signature(&sa),
             fmt_signature(&sb)
+        ));
+    }
+    if a.world_size() != b.world_size() {
+        return shape_err(format!(
+            "equivalent: the graphs run on different numbers of ranks (world_size {} and {})",
+            a.world_size(),
+            b.world_size()
         ));
     }
     a.check_complete()?;

@@ -28,8 +28,20 @@ pub const VERSION: u32 = 1;
 struct KernelGraphDoc {
     format: String,
     version: u32,
+    /// Ranks of a multi-device graph; omitted when 1 (so single-device documents and their
+    /// hashes are unchanged).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    world_size: u64,
     ops: Vec<KernelOpDoc>,
     outputs: Vec<u64>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
 }
 
 #[derive(Serialize, Deserialize)]
@@ -80,6 +92,9 @@ enum KernelOpDoc {
     Customized {
         inputs: Vec<u64>,
         block_graph: BlockGraphDoc,
+    },
+    AllReduce {
+        x: u64,
     },
 }
 
@@ -287,11 +302,13 @@ pub fn to_json(g: &KernelGraph) -> String {
                 inputs: ids(inputs),
                 block_graph: block_doc(graph),
             },
+            KernelOpKind::AllReduce { x } => KernelOpDoc::AllReduce { x: *x as u64 },
         })
         .collect();
     let doc = KernelGraphDoc {
         format: FORMAT.into(),
         version: VERSION,
+        world_size: g.world_size() as u64,
         ops,
         outputs: ids(g.outputs()),
     };
@@ -367,7 +384,8 @@ pub fn from_json(s: &str) -> Result<KernelGraph> {
             doc.version
         )));
     }
-    let mut g = KernelGraph::new();
+    let ws = i64::try_from(doc.world_size).unwrap_or(i64::MAX);
+    let mut g = KernelGraph::with_world_size(ws).map_err(|e| e.context("from_json"))?;
     for (k, op) in doc.ops.iter().enumerate() {
         let r = match op {
             KernelOpDoc::Input { dims, dtype } => DType::parse(dtype)
@@ -403,6 +421,7 @@ pub fn from_json(s: &str) -> Result<KernelGraph> {
             } => replay_block(block_graph)
                 .and_then(|bg| g.customized(&id_vec(inputs), &bg))
                 .map(|_| ()),
+            KernelOpDoc::AllReduce { x } => g.all_reduce(id(*x)).map(|_| ()),
         };
         r.map_err(|e| e.context(format!("from_json: op #{k}")))?;
     }
@@ -468,5 +487,26 @@ mod tests {
             from_json(&bad).unwrap_err().kind(),
             ErrorKind::Serialization
         );
+        // world_size: only written when > 1
+        assert!(!s.contains("world_size"));
+        let mut m = KernelGraph::with_world_size(4).unwrap();
+        let x = m.new_input(&[8, 64], DType::F32).unwrap();
+        let y = m.all_reduce(x).unwrap();
+        m.mark_output(y).unwrap();
+        let j = to_json(&m);
+        assert!(j.starts_with(
+            "{\"format\":\"yirage.kernel_graph\",\"version\":1,\"world_size\":4,\"ops\":"
+        ));
+        assert!(j.contains("{\"op\":\"all_reduce\",\"x\":0}"));
+        let m2 = from_json(&j).unwrap();
+        assert_eq!(m2, m);
+        assert_eq!(m2.world_size(), 4);
+        assert_eq!(to_json(&m2), j);
+        assert_ne!(
+            hash(&m2),
+            hash(&from_json(&j.replace(",\"world_size\":4", "")).unwrap())
+        );
+        let bad = j.replace("\"world_size\":4", "\"world_size\":0");
+        assert_eq!(from_json(&bad).unwrap_err().kind(), ErrorKind::Graph);
     }
 }

@@ -4,14 +4,22 @@
 //! Every builder method validates ids, shapes and dtypes before anything is appended, so a
 //! graph that exists is well formed; `from_json` replays documents through these same
 //! methods. Dims arguments are `i64` (Python ints) and normalised before storage.
+//!
+//! Multi-device graphs (SPMD): a graph with `world_size` N > 1 is the program of one of N
+//! ranks; every input holds that rank's own data, every op runs per rank, and
+//! [`KernelGraph::all_reduce`] returns on every rank the sum over ranks of its operand.
 
 use crate::block_graph::BlockGraph;
 use crate::dtype::{same_dtype, DType};
 use crate::error::{graph_err, shape_err, Result};
 use crate::ops::{check_eps, BinaryOp, UnaryOp};
 use crate::shape::{
-    broadcast_dims, concat_dims, fmt_dims, keepdim_dims, matmul_dims, norm_dim, validate_dims, Dims,
+    concat_dims, fmt_dims, keepdim_dims, matmul_dims, norm_dim, numpy_broadcast_dims,
+    validate_dims, Dims,
 };
+
+/// Largest `world_size` of a multi-device graph.
+pub const MAX_WORLD_SIZE: usize = 1024;
 
 /// Tensor id within a kernel graph.
 pub type TensorId = usize;
@@ -64,6 +72,10 @@ pub enum KernelOpKind {
         dim: usize,
         index: usize,
     },
+    /// Sum over the `world_size` ranks (multi-device collective; a boundary for the search).
+    AllReduce {
+        x: TensorId,
+    },
     /// A graph-defined operator whose body is a thread-block graph.
     Customized {
         inputs: Vec<TensorId>,
@@ -80,6 +92,7 @@ impl KernelOpKind {
             KernelOpKind::Unary { x, .. }
             | KernelOpKind::Reduction { x, .. }
             | KernelOpKind::Softmax { x, .. }
+            | KernelOpKind::AllReduce { x }
             | KernelOpKind::Chunk { x, .. } => vec![*x],
             KernelOpKind::RmsNorm { x, weight, .. } => {
                 let mut v = vec![*x];
@@ -107,12 +120,26 @@ pub struct TensorInfo {
 }
 
 /// A kernel graph.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct KernelGraph {
     ops: Vec<KernelOp>,
     tensors: Vec<TensorInfo>,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
+    /// Number of ranks of the SPMD program (1: the single-device case).
+    world_size: usize,
+}
+
+impl Default for KernelGraph {
+    fn default() -> Self {
+        KernelGraph {
+            ops: vec![],
+            tensors: vec![],
+            inputs: vec![],
+            outputs: vec![],
+            world_size: 1,
+        }
+    }
 }
 
 /// Convert a Python-side id to a tensor/tile id (negative ids are a GraphError).
@@ -126,6 +153,31 @@ pub fn parse_id(what: &str, id: i64) -> Result<usize> {
 impl KernelGraph {
     pub fn new() -> KernelGraph {
         KernelGraph::default()
+    }
+
+    /// An empty graph describing one rank's program on `world_size` ranks (1 ≤ N ≤ 1024).
+    pub fn with_world_size(world_size: i64) -> Result<KernelGraph> {
+        if world_size < 1 || world_size > MAX_WORLD_SIZE as i64 {
+            return graph_err(format!(
+                "world_size {world_size} is out of range: expected 1 to {MAX_WORLD_SIZE} ranks"
+            ));
+        }
+        Ok(KernelGraph {
+            world_size: world_size as usize,
+            ..KernelGraph::default()
+        })
+    }
+
+    /// Number of ranks (1 for a single-device graph).
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// True when the graph contains an all_reduce.
+    pub fn has_collectives(&self) -> bool {
+        self.ops
+            .iter()
+            .any(|op| matches!(op.kind, KernelOpKind::AllReduce { .. }))
     }
 
     pub fn ops(&self) -> &[KernelOp] {
@@ -207,11 +259,12 @@ impl KernelGraph {
         Ok(self.push1(KernelOpKind::Unary { op, x }, t.dims, t.dtype))
     }
 
-    /// Elementwise binary op (size-1 broadcasting, equal rank).
+    /// Elementwise binary op with numpy broadcasting (right-aligned, missing leading dims
+    /// are 1, sizes equal or 1).
     pub fn binary(&mut self, op: BinaryOp, a: TensorId, b: TensorId) -> Result<TensorId> {
         let what = format!("{}(t{a}, t{b})", op.name());
         let (ta, tb) = (self.tensor(a)?.clone(), self.tensor(b)?.clone());
-        let dims = broadcast_dims(&what, &ta.dims, &tb.dims)?;
+        let dims = numpy_broadcast_dims(&what, &ta.dims, &tb.dims)?;
         let dtype = same_dtype(&what, &[ta.dtype, tb.dtype])?;
         Ok(self.push1(KernelOpKind::Binary { op, a, b }, dims, dtype))
     }
@@ -228,7 +281,8 @@ impl KernelGraph {
         ))
     }
 
-    /// RMS norm over the trailing `normalized_shape` dims, optional `weight` of those dims.
+    /// RMS norm over the trailing `normalized_shape` dims, optional `weight` of those dims
+    /// (shape `normalized_shape`, optionally with leading size-1 dims up to `x`'s rank).
     pub fn rms_norm(
         &mut self,
         x: TensorId,
@@ -249,11 +303,18 @@ impl KernelGraph {
         }
         if let Some(w) = weight {
             let tw = self.tensor(w)?.clone();
-            if tw.dims != ns {
+            let lead = tw.dims.len().saturating_sub(ns.len());
+            let fits = tw.dims.len() >= ns.len()
+                && tw.dims.len() <= t.dims.len()
+                && tw.dims[lead..] == ns[..]
+                && tw.dims[..lead].iter().all(|&d| d == 1);
+            if !fits {
                 return shape_err(format!(
-                    "{what}: weight t{w} has dims {}; expected normalized_shape {}",
+                    "{what}: weight t{w} has dims {}; expected normalized_shape {} (optionally with leading size-1 dims up to the input's rank {}, e.g. {})",
                     fmt_dims(&tw.dims),
-                    fmt_dims(&ns)
+                    fmt_dims(&ns),
+                    t.dims.len(),
+                    fmt_dims(&crate::shape::promote_dims(&ns, t.dims.len()))
                 ));
             }
             same_dtype(&what, &[t.dtype, tw.dtype])?;
@@ -268,6 +329,13 @@ impl KernelGraph {
             t.dims,
             t.dtype,
         ))
+    }
+
+    /// Sum of `x` over the graph's `world_size` ranks, returned on every rank (the identity
+    /// when `world_size` is 1).
+    pub fn all_reduce(&mut self, x: TensorId) -> Result<TensorId> {
+        let t = self.tensor(x)?.clone();
+        Ok(self.push1(KernelOpKind::AllReduce { x }, t.dims, t.dtype))
     }
 
     /// Softmax over `dim`.
@@ -409,6 +477,52 @@ impl KernelGraph {
         ))
     }
 
+    /// Append a copy of an op of another graph, its operands mapped through `m` (dims
+    /// arguments as stored there); validated like every builder. Returns the new results.
+    pub fn replay(
+        &mut self,
+        kind: &KernelOpKind,
+        m: &dyn Fn(TensorId) -> Result<TensorId>,
+    ) -> Result<Vec<TensorId>> {
+        let one = |r: Result<TensorId>| r.map(|t| vec![t]);
+        match kind {
+            KernelOpKind::Input { dims, dtype } => {
+                let d: Vec<i64> = dims.iter().map(|&v| v as i64).collect();
+                one(self.new_input(&d, *dtype))
+            }
+            KernelOpKind::Matmul { a, b } => one(self.matmul(m(*a)?, m(*b)?)),
+            KernelOpKind::Unary { op, x } => one(self.unary(*op, m(*x)?)),
+            KernelOpKind::Binary { op, a, b } => one(self.binary(*op, m(*a)?, m(*b)?)),
+            KernelOpKind::Reduction { x, dim } => one(self.reduction(m(*x)?, *dim as i64)),
+            KernelOpKind::RmsNorm {
+                x,
+                normalized_shape,
+                weight,
+                eps,
+            } => {
+                let ns: Vec<i64> = normalized_shape.iter().map(|&v| v as i64).collect();
+                let w = weight.map(m).transpose()?;
+                one(self.rms_norm(m(*x)?, &ns, w, *eps))
+            }
+            KernelOpKind::Softmax { x, dim } => one(self.softmax(m(*x)?, *dim as i64)),
+            KernelOpKind::Concat { xs, dim } => {
+                let ids = xs.iter().map(|&x| m(x)).collect::<Result<Vec<_>>>()?;
+                one(self.concat(&ids, *dim as i64))
+            }
+            KernelOpKind::Chunk {
+                x,
+                chunks,
+                dim,
+                index,
+            } => one(self.chunk_piece(m(*x)?, *chunks as i64, *dim as i64, *index as i64)),
+            KernelOpKind::AllReduce { x } => one(self.all_reduce(m(*x)?)),
+            KernelOpKind::Customized { inputs, graph } => {
+                let ids = inputs.iter().map(|&x| m(x)).collect::<Result<Vec<_>>>()?;
+                self.customized(&ids, graph)
+            }
+        }
+    }
+
     /// Mark `x` as the next graph output (each tensor at most once).
     pub fn mark_output(&mut self, x: TensorId) -> Result<()> {
         self.tensor(x)?;
@@ -468,6 +582,7 @@ impl KernelGraph {
                     dim,
                     index,
                 } => format!("chunk(t{x}, chunks={chunks}, dim={dim})[{index}]"),
+                KernelOpKind::AllReduce { x } => format!("all_reduce(t{x})"),
                 KernelOpKind::Customized { inputs, .. } => format!("customized({})", ts(inputs)),
             };
             let outs: Vec<String> = op
@@ -486,6 +601,9 @@ impl KernelGraph {
             }
         }
         s += &format!("outputs: [{}]\n", ts(&self.outputs));
+        if self.world_size > 1 {
+            s += &format!("world_size: {}\n", self.world_size);
+        }
         s
     }
 }
@@ -523,6 +641,22 @@ mod tests {
         assert!(g.rms_norm(x, &[4096], Some(wt), 1e-6).is_ok());
         assert!(g.rms_norm(x, &[8], Some(wt), 1e-6).is_err());
         assert!(g.rms_norm(x, &[4096], Some(w), 1e-6).is_err());
+        // full-rank weight (leading 1s) is accepted, a longer one is not
+        let w2 = g.new_input(&[1, 4096], DType::F32).unwrap();
+        assert!(g.rms_norm(x, &[4096], Some(w2), 1e-6).is_ok());
+        let w3 = g.new_input(&[1, 1, 4096], DType::F32).unwrap();
+        let e = g.rms_norm(x, &[4096], Some(w3), 1e-6).unwrap_err();
+        assert!(e.to_string().contains("[1,4096]"), "{e}");
+        // numpy broadcasting with rank promotion
+        let s = g.binary(BinaryOp::Add, x, wt).unwrap();
+        assert_eq!(g.tensor(s).unwrap().dims, vec![8, 4096]);
+        let e = g.binary(BinaryOp::Add, x, w).unwrap_err();
+        assert!(e.to_string().contains("[8,4096]") && e.to_string().contains("[512,768]"));
+        let ar = g.all_reduce(x).unwrap();
+        assert_eq!(g.tensor(ar).unwrap().dims, vec![8, 4096]);
+        assert!(KernelGraph::with_world_size(0).is_err());
+        assert!(KernelGraph::with_world_size(1025).is_err());
+        assert_eq!(KernelGraph::with_world_size(4).unwrap().world_size(), 4);
         assert!(g.softmax(x, 2).is_err());
         assert!(g.check_complete().is_err());
         g.mark_output(c).unwrap();

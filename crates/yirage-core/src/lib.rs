@@ -7,6 +7,7 @@
 //!   [`reference`] evaluator and the finite-field [`fingerprint`]s ([`field`]).
 
 pub mod block_graph;
+pub mod canon;
 pub mod cost;
 pub mod dense;
 pub mod domain;

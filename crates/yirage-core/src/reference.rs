@@ -8,7 +8,7 @@
 use crate::dense::Tensor;
 use crate::domain::Domain;
 use crate::error::Result;
-use crate::exec::run_kernel_graph;
+use crate::exec::{run_kernel_graph, run_kernel_graph_ranks};
 use crate::kernel_graph::KernelGraph;
 use crate::ops::{BinaryOp, UnaryOp};
 
@@ -118,8 +118,15 @@ impl Domain for F64 {
 }
 
 /// Evaluate `graph` in float64 on `inputs` (one per graph input, matching dims).
+/// Single-device graphs only; see [`evaluate_ranks`].
 pub fn evaluate(graph: &KernelGraph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     run_kernel_graph(&F64, graph, inputs.to_vec())
+}
+
+/// Evaluate every rank of `graph` in float64: `inputs[r]` are rank r's inputs (one list per
+/// rank, `world_size` lists); returns each rank's outputs.
+pub fn evaluate_ranks(graph: &KernelGraph, inputs: &[Vec<Tensor>]) -> Result<Vec<Vec<Tensor>>> {
+    run_kernel_graph_ranks(&F64, graph, inputs.to_vec())
 }
 
 #[cfg(test)]

@@ -5,9 +5,11 @@
 //!   [`MAX_ELEMS`] elements (so index arithmetic never overflows);
 //! * dim arguments may be negative, Python style (-1 = last), and are normalised to
 //!   non-negative indices before they are stored;
-//! * elementwise binary ops use **size-1 broadcasting with equal rank**: both operands must
-//!   have the same number of dims and, per dim, equal sizes or one of them 1. (No implicit
-//!   rank promotion: it keeps lowering rules simple and the error messages unambiguous.)
+//! * kernel-level elementwise binary ops follow **numpy broadcasting**
+//!   ([`numpy_broadcast_dims`]): dims are aligned from the right, a missing leading dim counts
+//!   as 1, and per dim the sizes must be equal or one of them 1. Thread-block tiles (and the
+//!   graphs the search builds, see [`crate::canon`]) use the equal-rank special case
+//!   ([`broadcast_dims`]), so code generators never see rank promotion;
 //! * matmul: both operands rank ≥ 2 and equal rank; leading (batch) dims equal; A's last
 //!   dim equals B's dim -2.
 
@@ -135,7 +137,42 @@ pub fn matmul_dims(what: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
     Ok(out)
 }
 
-/// Output dims of an elementwise binary op (size-1 broadcasting, equal rank).
+/// The broadcasting rule, quoted in error messages.
+pub const NUMPY_RULE: &str = "numpy broadcasting: dims are aligned from the right, a missing leading dim counts as 1, and each pair of sizes must be equal or one of them 1";
+
+/// `d` with leading size-1 dims up to `rank` (unchanged when already that long).
+pub fn promote_dims(d: &[usize], rank: usize) -> Dims {
+    let mut out = vec![1; rank.saturating_sub(d.len())];
+    out.extend_from_slice(d);
+    out
+}
+
+/// Output dims of a kernel-level elementwise binary op under numpy broadcasting
+/// (right-aligned, missing leading dims = 1, sizes equal or 1).
+pub fn numpy_broadcast_dims(what: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
+    let r = a.len().max(b.len());
+    let (pa, pb) = (promote_dims(a, r), promote_dims(b, r));
+    let mut out = Vec::with_capacity(r);
+    for (i, (&x, &y)) in pa.iter().zip(&pb).enumerate() {
+        if x == y || y == 1 {
+            out.push(x);
+        } else if x == 1 {
+            out.push(y);
+        } else {
+            return shape_err(format!(
+                "{what}: {} and {} do not broadcast at dim {} ({x} vs {y}); {NUMPY_RULE}",
+                fmt_dims(a),
+                fmt_dims(b),
+                i as i64 - r as i64
+            ));
+        }
+    }
+    check_elems(what, &out)?;
+    Ok(out)
+}
+
+/// Output dims of an elementwise binary op (size-1 broadcasting, equal rank): the rule of
+/// thread-block tiles and of the (rank-canonical) graphs the search builds.
 pub fn broadcast_dims(what: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
     if a.len() != b.len() {
         return shape_err(format!(
@@ -232,6 +269,25 @@ mod tests {
         assert!(broadcast_dims("add", &[4], &[1, 4]).is_err());
         assert!(broadcast_dims("add", &[1 << 39, 1], &[1, 1 << 39]).is_err());
         assert!(matmul_dims("m", &[1 << 39, 1], &[1, 1 << 39]).is_err());
+        // numpy rule: right-aligned, missing leading dims are 1
+        assert_eq!(
+            numpy_broadcast_dims("add", &[8, 64], &[64]).unwrap(),
+            vec![8, 64]
+        );
+        assert_eq!(
+            numpy_broadcast_dims("add", &[3, 1, 5], &[4, 1]).unwrap(),
+            vec![3, 4, 5]
+        );
+        assert_eq!(
+            numpy_broadcast_dims("add", &[1], &[2, 3]).unwrap(),
+            vec![2, 3]
+        );
+        let e = numpy_broadcast_dims("add(t0, t1)", &[8, 64], &[32]).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("[8,64]") && m.contains("[32]") && m.contains("dim -1"));
+        assert!(m.contains("aligned from the right"), "{m}");
+        assert_eq!(promote_dims(&[4], 3), vec![1, 1, 4]);
+        assert_eq!(promote_dims(&[2, 4], 2), vec![2, 4]);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::dense::Tensor;
 use crate::fingerprint::{equivalent, fingerprint};
 use crate::json::{from_json, hash, to_json};
 use crate::kernel_graph::{KernelGraph, TensorId};
-use crate::reference::evaluate;
+use crate::reference::{evaluate, evaluate_ranks};
 use crate::{AccumKind, BinaryOp, DType, ErrorKind, UnaryOp};
 
 const F: DType = DType::F32;
@@ -573,7 +573,7 @@ fn random_builder_calls_never_panic() {
         "exp", "square", "sqrt", "rsqrt", "silu", "gelu", "relu", "sigmoid", "tanh", "neg",
     ];
     for _case in 0..400 {
-        let mut g = KernelGraph::new();
+        let mut g = KernelGraph::with_world_size(1 + next(2) as i64).unwrap();
         let mut b = BlockGraph::new(
             [1 + next(2) as i64, 1, 1],
             [32, 1, 1],
@@ -599,6 +599,7 @@ fn random_builder_calls_never_panic() {
                 6 => g.concat(&[x, y], next(3) as i64 - 1).map(|_| ()),
                 7 => g.chunk(x, next(4) as i64, next(3) as i64 - 1).map(|_| ()),
                 8 => g.rms_norm(x, &[8], Some(y), 1e-6).map(|_| ()),
+                9 if next(2) == 0 => g.all_reduce(x).map(|_| ()),
                 _ => g.mark_output(x),
             };
             let nb = b.tiles().len().max(1) as u64 + 1;
@@ -642,15 +643,173 @@ fn random_builder_calls_never_panic() {
         }
         let s = to_json(&g);
         assert_eq!(to_json(&from_json(&s).unwrap()), s);
-        let inputs: Vec<Tensor> = g
-            .input_signature()
-            .iter()
-            .enumerate()
-            .map(|(i, (d, _))| data(d, i as u64))
+        let inputs: Vec<Vec<Tensor>> = (0..g.world_size())
+            .map(|r| {
+                g.input_signature()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (d, _))| data(d, (i + 100 * r) as u64))
+                    .collect()
+            })
             .collect();
         if g.check_complete().is_ok() {
-            evaluate(&g, &inputs).unwrap();
+            let want = evaluate_ranks(&g, &inputs).unwrap();
             fingerprint(&g, 1, 0, None).unwrap();
+            // the equal-rank form (when there is one) computes the same values
+            if let Ok(h) = crate::canon::promote_ranks(&g) {
+                let hins: Vec<Vec<Tensor>> = inputs
+                    .iter()
+                    .map(|rank| {
+                        rank.iter()
+                            .zip(h.input_signature())
+                            .map(|(x, (d, _))| Tensor::new(d, x.data.clone()).unwrap())
+                            .collect()
+                    })
+                    .collect();
+                let got = evaluate_ranks(&h, &hins).unwrap();
+                for (a, b) in want.iter().flatten().zip(got.iter().flatten()) {
+                    assert!(a
+                        .data
+                        .iter()
+                        .zip(&b.data)
+                        .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())));
+                }
+            }
         }
     }
+}
+
+/// Multi-device graphs (SPMD): all_reduce sums over the ranks; fingerprints evaluate every
+/// rank on its own inputs, so only true identities under per-rank inputs agree.
+#[test]
+fn all_reduce_semantics_and_identities() {
+    const WS: i64 = 3;
+    // graph of two inputs a, b of dims [4, 8] (and w [8, 8]) built by `f`
+    let graph = |f: &dyn Fn(&mut KernelGraph, TensorId, TensorId, TensorId) -> TensorId| {
+        let mut g = KernelGraph::with_world_size(WS).unwrap();
+        let a = g.new_input(&[4, 8], F).unwrap();
+        let b = g.new_input(&[4, 8], F).unwrap();
+        let w = g.new_input(&[8, 8], F).unwrap();
+        let o = f(&mut g, a, b, w);
+        g.mark_output(o).unwrap();
+        g
+    };
+    let ar_sum = graph(&|g, a, b, _| {
+        let (x, y) = (g.all_reduce(a).unwrap(), g.all_reduce(b).unwrap());
+        g.binary(BinaryOp::Add, x, y).unwrap()
+    });
+    // evaluator: sum over ranks, the same on every rank
+    let ins: Vec<Vec<Tensor>> = (0..WS as u64)
+        .map(|r| {
+            vec![
+                data(&[4, 8], 10 * r),
+                data(&[4, 8], 10 * r + 1),
+                data(&[8, 8], 10 * r + 2),
+            ]
+        })
+        .collect();
+    let outs = evaluate_ranks(&ar_sum, &ins).unwrap();
+    assert_eq!(outs.len(), WS as usize);
+    for i in 0..32 {
+        let want: f64 = ins.iter().map(|r| r[0].data[i] + r[1].data[i]).sum();
+        for rank in &outs {
+            assert!((rank[0].data[i] - want).abs() < 1e-12);
+        }
+    }
+    assert_eq!(
+        evaluate(&ar_sum, &ins[0]).unwrap_err().kind(),
+        ErrorKind::Evaluation
+    );
+    assert_eq!(
+        evaluate_ranks(&ar_sum, &ins[..2]).unwrap_err().kind(),
+        ErrorKind::Evaluation
+    );
+    let agree = |x: &KernelGraph, y: &KernelGraph| equivalent(x, y, 2, 5).unwrap();
+    let ar_of_sum = graph(&|g, a, b, _| {
+        let s = g.binary(BinaryOp::Add, a, b).unwrap();
+        g.all_reduce(s).unwrap()
+    });
+    assert!(agree(&ar_sum, &ar_of_sum));
+    let scaled_after = graph(&|g, a, _, _| {
+        let x = g.all_reduce(a).unwrap();
+        g.unary(UnaryOp::MulScalar(0.5), x).unwrap()
+    });
+    let scaled_before = graph(&|g, a, _, _| {
+        let x = g.unary(UnaryOp::MulScalar(0.5), a).unwrap();
+        g.all_reduce(x).unwrap()
+    });
+    assert!(agree(&scaled_after, &scaled_before));
+    // a replicated operand (itself all-reduced) commutes with the sum
+    let mm_after = graph(&|g, a, _, w| {
+        let (x, v) = (g.all_reduce(a).unwrap(), g.all_reduce(w).unwrap());
+        g.matmul(x, v).unwrap()
+    });
+    let mm_before = graph(&|g, a, _, w| {
+        let v = g.all_reduce(w).unwrap();
+        let m = g.matmul(a, v).unwrap();
+        g.all_reduce(m).unwrap()
+    });
+    assert!(agree(&mm_after, &mm_before));
+    // a per-rank operand does not: Σ_r x_r · W_s ≠ Σ_r x_r · W_r
+    let mm_local_after = graph(&|g, a, _, w| {
+        let x = g.all_reduce(a).unwrap();
+        g.matmul(x, w).unwrap()
+    });
+    let mm_local_before = graph(&|g, a, _, w| {
+        let m = g.matmul(a, w).unwrap();
+        g.all_reduce(m).unwrap()
+    });
+    assert!(!agree(&mm_local_after, &mm_local_before));
+    let twice = graph(&|g, a, _, _| {
+        let x = g.all_reduce(a).unwrap();
+        g.all_reduce(x).unwrap()
+    });
+    let times_ws = graph(&|g, a, _, _| {
+        let x = g.all_reduce(a).unwrap();
+        g.unary(UnaryOp::MulScalar(WS as f64), x).unwrap()
+    });
+    assert!(agree(&twice, &times_ws));
+    let ar_prod = graph(&|g, a, b, _| {
+        let p = g.binary(BinaryOp::Mul, a, b).unwrap();
+        g.all_reduce(p).unwrap()
+    });
+    let prod_ar = graph(&|g, a, b, _| {
+        let (x, y) = (g.all_reduce(a).unwrap(), g.all_reduce(b).unwrap());
+        g.binary(BinaryOp::Mul, x, y).unwrap()
+    });
+    assert!(!agree(&ar_prod, &prod_ar));
+    let missing = graph(&|g, a, b, _| g.binary(BinaryOp::Add, a, b).unwrap());
+    assert!(!agree(&missing, &ar_of_sum));
+    // different world sizes are not comparable
+    let mut single = KernelGraph::new();
+    let a = single.new_input(&[4, 8], F).unwrap();
+    let b = single.new_input(&[4, 8], F).unwrap();
+    single.new_input(&[8, 8], F).unwrap();
+    let s = single.binary(BinaryOp::Add, a, b).unwrap();
+    single.mark_output(s).unwrap();
+    assert_eq!(
+        equivalent(&single, &missing, 2, 5).unwrap_err().kind(),
+        ErrorKind::Shape
+    );
+    // world_size 1: all_reduce is the identity
+    let mut id = KernelGraph::new();
+    let a = id.new_input(&[4, 8], F).unwrap();
+    let b = id.new_input(&[4, 8], F).unwrap();
+    id.new_input(&[8, 8], F).unwrap();
+    let s = id.binary(BinaryOp::Add, a, b).unwrap();
+    let r = id.all_reduce(s).unwrap();
+    id.mark_output(r).unwrap();
+    assert!(equivalent(&id, &single, 2, 5).unwrap());
+    // deterministic across thread counts, for fingerprints and the evaluator
+    let f1 = fingerprint(&mm_before, 3, 9, Some(1)).unwrap();
+    assert_eq!(f1, fingerprint(&mm_before, 3, 9, Some(4)).unwrap());
+    let e1 =
+        crate::fingerprint::with_threads(Some(1), || evaluate_ranks(&mm_before, &ins)).unwrap();
+    let e4 =
+        crate::fingerprint::with_threads(Some(4), || evaluate_ranks(&mm_before, &ins)).unwrap();
+    assert_eq!(e1, e4);
+    // JSON keeps world_size
+    let j = to_json(&mm_before);
+    assert!(j.contains("\"world_size\":3"));
+    assert_eq!(from_json(&j).unwrap(), mm_before);
 }

@@ -243,6 +243,15 @@ _BINARY_NP: dict[str, np.ufunc] = {
 }
 
 
+def _all_reduce(x: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+    """The all_reduce library kernel: the sum of ``x`` over the ranks through the calling
+    thread's collective (``yirage._collectives``: torch.distributed by default)."""
+    from yirage import _collectives
+
+    local = np.array(x, dtype=np.float32, copy=True)  # never reduce into an input buffer
+    return np.asarray(_collectives.all_reduce(local, int(params.get("world_size", 1))))
+
+
 def run_library_kernel(
     kernel: Mapping[str, Any], bufs: Sequence[np.ndarray], specs: Sequence[_BufSpec]
 ) -> None:
@@ -299,6 +308,8 @@ def run_library_kernel(
             res = np.split(ins[0], int(params["chunks"]), axis=int(params["dim"]))[
                 int(params["index"])
             ]
+        elif op == "all_reduce":
+            res = _all_reduce(ins[0], params)
         else:
             raise BackendError(f"unknown library op {op!r} in the kernel plan")
     for o in outs:

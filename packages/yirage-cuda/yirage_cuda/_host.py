@@ -86,6 +86,8 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
         elif k.op == "rms_norm":
             n = int(p.get("num_normalized_dims", 1))
             w = f[1] if p.get("has_weight") else "None"
+            if p.get("has_weight") and len(plan.buffer(k.inputs[1]).dims) > n:
+                w = f"{w}.reshape({f[0]}.shape[-{n}:])"  # torch wants exactly normalized_shape
             eps = fmt_float(float(p.get("eps", 1e-6)))
             expr = f"torch.nn.functional.rms_norm({f[0]}, {f[0]}.shape[-{n}:], {w}, {eps})"
         elif k.op == "softmax":
@@ -96,6 +98,11 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
             expr = (
                 f"torch.chunk({f[0]}, {int(p['chunks'])}, dim={int(p['dim'])})[{int(p['index'])}]"
             )
+        elif k.op == "all_reduce":
+            # the sum over the ranks through the calling thread's collective
+            # (yirage._collectives: torch.distributed by default); a copy, never an input
+            lines.append("from yirage._collectives import all_reduce as _yr_all_reduce")
+            expr = f"_yr_all_reduce({f[0]}.clone(), {int(p.get('world_size', 1))})"
         else:  # pragma: no cover - validated by the parser
             raise CodegenError(f"library op {k.op!r} has no torch lowering")
     name = names[out_buf.id]

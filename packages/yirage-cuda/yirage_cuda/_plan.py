@@ -65,7 +65,17 @@ TILE_OPS = (
     "concat",
     "accum",
 )
-LIBRARY_OPS = ("matmul", "unary", "binary", "reduction", "rms_norm", "softmax", "concat", "chunk")
+LIBRARY_OPS = (
+    "matmul",
+    "unary",
+    "binary",
+    "reduction",
+    "rms_norm",
+    "softmax",
+    "concat",
+    "chunk",
+    "all_reduce",
+)
 PHASES = ("pre", "loop", "accum", "epilogue")
 GRID_VARS = ("bx", "by", "bz")
 OFFSET_VARS = (*GRID_VARS, "iter")

@@ -14,7 +14,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use yirage_core::block_graph::BlockGraph;
 use yirage_core::kernel_graph::{parse_id, KernelGraph};
-use yirage_core::{field, fingerprint, json, reference};
+use yirage_core::{canon, field, fingerprint, json, reference};
 use yirage_core::{AccumKind, BinaryOp, CoreError, DType, ErrorKind, Tensor, UnaryOp};
 
 pyo3::create_exception!(
@@ -286,10 +286,32 @@ struct PyKernelGraph {
 #[pymethods]
 impl PyKernelGraph {
     #[new]
-    fn new() -> Self {
-        PyKernelGraph {
-            inner: KernelGraph::new(),
-        }
+    #[pyo3(signature = (world_size = 1))]
+    fn new(world_size: i64) -> PyResult<Self> {
+        guard(|| {
+            Ok(PyKernelGraph {
+                inner: KernelGraph::with_world_size(world_size)?,
+            })
+        })
+    }
+
+    /// Number of ranks of the SPMD program (1: single device).
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn all_reduce(&mut self, x: i64) -> PyResult<usize> {
+        guard(|| self.inner.all_reduce(parse_id("all_reduce", x)?))
+    }
+
+    /// The equal-rank form the search works on (this graph when nothing is promoted).
+    fn promote_ranks(&self) -> PyResult<PyKernelGraph> {
+        guard(|| {
+            Ok(PyKernelGraph {
+                inner: canon::promote_ranks(&self.inner)?,
+            })
+        })
     }
 
     fn new_input(&mut self, dims: Vec<i64>, dtype: &str) -> PyResult<usize> {
@@ -401,30 +423,42 @@ impl PyKernelGraph {
         guard(|| Ok(self.inner.describe()))
     }
 
-    /// Reference evaluator in float64; inputs and outputs are (little-endian f64 bytes, dims).
+    /// Reference evaluator in float64; inputs and outputs are (little-endian f64 bytes, dims)
+    /// with per-rank dims: for `world_size` N the bytes hold the N ranks' values one after
+    /// the other (rank-major).
     fn evaluate(
         &self,
         py: Python<'_>,
         inputs: Vec<(PyBackedBytes, Vec<i64>)>,
     ) -> PyResult<Vec<(Py<PyBytes>, Vec<u64>)>> {
+        let n = self.inner.world_size();
         let outs = py.detach(|| {
             guard(|| {
                 let tensors = inputs
                     .iter()
                     .enumerate()
-                    .map(|(k, (bytes, dims))| decode_f64(k, bytes, dims))
-                    .collect::<yirage_core::Result<Vec<Tensor>>>()?;
-                reference::evaluate(&self.inner, &tensors)
+                    .map(|(k, (bytes, dims))| decode_f64(k, bytes, dims, n))
+                    .collect::<yirage_core::Result<Vec<Vec<Tensor>>>>()?;
+                // per input, per rank → per rank, per input
+                let mut per_rank: Vec<Vec<Tensor>> = vec![Vec::with_capacity(tensors.len()); n];
+                for ranks in tensors {
+                    for (r, t) in ranks.into_iter().enumerate() {
+                        per_rank[r].push(t);
+                    }
+                }
+                reference::evaluate_ranks(&self.inner, &per_rank)
             })
         })?;
-        Ok(outs
-            .into_iter()
-            .map(|t| {
-                let mut buf = Vec::with_capacity(t.data.len() * 8);
-                for v in &t.data {
-                    buf.extend_from_slice(&v.to_le_bytes());
+        let n_out = outs.first().map_or(0, |o| o.len());
+        Ok((0..n_out)
+            .map(|k| {
+                let mut buf = vec![];
+                for rank in &outs {
+                    for v in &rank[k].data {
+                        buf.extend_from_slice(&v.to_le_bytes());
+                    }
                 }
-                (PyBytes::new(py, &buf).unbind(), dims_u64(&t.dims))
+                (PyBytes::new(py, &buf).unbind(), dims_u64(&outs[0][k].dims))
             })
             .collect())
     }
@@ -462,8 +496,12 @@ impl PyKernelGraph {
     }
 
     fn __repr__(&self) -> String {
+        let ws = match self.inner.world_size() {
+            1 => String::new(),
+            n => format!(", world_size={n}"),
+        };
         format!(
-            "KernelGraph(tensors={}, inputs={:?}, outputs={:?})",
+            "KernelGraph(tensors={}, inputs={:?}, outputs={:?}{ws})",
             self.inner.num_tensors(),
             self.inner.inputs(),
             self.inner.outputs()
@@ -471,8 +509,13 @@ impl PyKernelGraph {
     }
 }
 
-/// Decode little-endian float64 bytes of input `k` with the given dims.
-fn decode_f64(k: usize, bytes: &[u8], dims: &[i64]) -> yirage_core::Result<Tensor> {
+/// Decode little-endian float64 bytes of input `k`: `ranks` tensors of the given dims.
+fn decode_f64(
+    k: usize,
+    bytes: &[u8],
+    dims: &[i64],
+    ranks: usize,
+) -> yirage_core::Result<Vec<Tensor>> {
     let dims = yirage_core::shape::validate_dims(&format!("evaluate: input #{k}"), dims)
         .map_err(|e| CoreError::Evaluation(e.message().to_string()))?;
     if bytes.len() % 8 != 0 {
@@ -485,7 +528,26 @@ fn decode_f64(k: usize, bytes: &[u8], dims: &[i64]) -> yirage_core::Result<Tenso
         .chunks_exact(8)
         .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
         .collect();
-    Tensor::new(dims, data).map_err(|e| e.context(format!("evaluate: input #{k}")))
+    let per_rank = yirage_core::shape::numel(&dims);
+    if data.len() != per_rank.saturating_mul(ranks) {
+        let each = if ranks > 1 {
+            format!(" ({ranks} ranks)")
+        } else {
+            String::new()
+        };
+        return Err(CoreError::Evaluation(format!(
+            "evaluate: input #{k} of dims {} needs {} values{each}, got {}",
+            yirage_core::shape::fmt_dims(&dims),
+            per_rank.saturating_mul(ranks),
+            data.len()
+        )));
+    }
+    data.chunks(per_rank)
+        .map(|c| {
+            Tensor::new(dims.clone(), c.to_vec())
+                .map_err(|e| e.context(format!("evaluate: input #{k}")))
+        })
+        .collect()
 }
 
 /// Fingerprint equivalence; raises ShapeError when the input signatures differ.

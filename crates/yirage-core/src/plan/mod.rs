@@ -490,7 +490,12 @@ fn buf(m: &BufferMap, t: TensorId) -> Result<usize> {
         .ok_or_else(|| CoreError::Graph(format!("kernel plan: tensor t{t} has no buffer")))
 }
 
-fn library_kernel(kind: &KernelOpKind, ins: Vec<usize>, outs: Vec<usize>) -> Option<LibraryKernel> {
+fn library_kernel(
+    kind: &KernelOpKind,
+    ins: Vec<usize>,
+    outs: Vec<usize>,
+    world_size: usize,
+) -> Option<LibraryKernel> {
     let (op, params) = match kind {
         KernelOpKind::Matmul { .. } => ("matmul", json!({})),
         KernelOpKind::Unary { op, .. } => {
@@ -515,6 +520,8 @@ fn library_kernel(kind: &KernelOpKind, ins: Vec<usize>, outs: Vec<usize>) -> Opt
             "chunk",
             json!({"chunks": chunks, "dim": dim, "index": index}),
         ),
+        // Sum over the ranks through the runtime's collective (docs/kernel-plan.md).
+        KernelOpKind::AllReduce { .. } => ("all_reduce", json!({"world_size": world_size})),
         KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => return None,
     };
     Some(LibraryKernel {
@@ -901,7 +908,7 @@ pub fn lower(g: &KernelGraph, spec: &DeviceSpec) -> Result<KernelPlan> {
                 kernels.push(PlanKernel::Generated(k));
             }
             kind => {
-                let k = library_kernel(kind, ins, outs)
+                let k = library_kernel(kind, ins, outs, g.world_size())
                     .ok_or_else(|| CoreError::Graph("kernel plan: unexpected op".into()))?;
                 kernels.push(PlanKernel::Library(k));
             }

@@ -134,6 +134,12 @@ pub fn lift_kernel_graph<B: AbsBuilder>(b: &mut B, g: &KernelGraph) -> Option<Ve
                 let ins = inputs.iter().map(|&x| v(x)).collect::<Option<Vec<_>>>()?;
                 lift_block(b, graph, &ins)?
             }
+            // A collective is opaque to the per-rank algebra: a fresh symbol per op (the
+            // search splits graphs at all_reduce, so it never has to match one).
+            KernelOpKind::AllReduce { .. } => {
+                let out = op.outs.first().copied().unwrap_or(0);
+                vec![b.node(AbsNode::Sym(format!("all_reduce@t{out}")))]
+            }
         };
         for (&id, h) in op.outs.iter().zip(outs) {
             *vals.get_mut(id)? = Some(h);

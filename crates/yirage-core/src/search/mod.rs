@@ -18,6 +18,9 @@
 //! 5. The **baseline** (the original graph as library kernels) is always returned too,
 //!    labelled, ranked by cost like the rest.
 //!
+//! Before all that the target is brought to equal ranks ([`crate::canon`]); a target with
+//! `all_reduce` is split at its collectives and the parts searched separately ([`split`]).
+//!
 //! Parallelism: rayon over the first-level moves of both DFS levels and over
 //! concretisations; counters are atomics, the cancel flag is checked at every state.
 //! Results are collected in move order and ties broken by canonical hash, so the candidate
@@ -28,6 +31,7 @@ pub mod concrete;
 pub mod expr;
 pub mod kernel;
 pub mod lift;
+mod split;
 
 use crate::cost::{total_cost, DeviceSpec};
 use crate::error::{CoreError, Result};
@@ -399,6 +403,7 @@ impl Vocab {
                 }
                 KernelOpKind::Concat { .. } => v.unsupported.push("concat".into()),
                 KernelOpKind::Chunk { .. } => v.unsupported.push("chunk".into()),
+                KernelOpKind::AllReduce { .. } => v.unsupported.push("all_reduce".into()),
                 KernelOpKind::Customized { graph, .. } => {
                     for bop in graph.ops() {
                         use crate::block_graph::BlockOpKind as B;
@@ -669,8 +674,25 @@ pub fn search(
     target.check_complete()?;
     spec.validate()?;
     cfg.validate()?;
+    // Equal ranks (numpy rank promotion made explicit, see crate::canon): candidates take
+    // the canonical input/output shapes, which differ from the target's by leading 1s.
+    let canon = crate::canon::promote_ranks(target)?;
+    let promoted = canon != *target;
     let threads = cfg.threads;
-    with_threads(threads, || search_in_pool(target, spec, cfg, ctl))
+    let mut res = with_threads(threads, || {
+        // multi-device graphs (per-rank parts, stitched back at their world_size) too
+        if canon.has_collectives() || canon.world_size() > 1 {
+            split::search_split(&canon, spec, cfg, ctl)
+        } else {
+            search_in_pool(&canon, spec, cfg, ctl)
+        }
+    })?;
+    if promoted {
+        res.report.notes.push(
+            "lower-rank tensors that enter a broadcast were given leading size-1 dims (rank canonicalisation); the candidates take those shapes".into(),
+        );
+    }
+    Ok(res)
 }
 
 fn search_in_pool(

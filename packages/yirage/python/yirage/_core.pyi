@@ -109,7 +109,13 @@ class BlockGraph:
 
 @final
 class KernelGraph:
-    def __new__(cls) -> KernelGraph: ...
+    def __new__(cls, world_size: int = 1) -> KernelGraph: ...
+    @property
+    def world_size(self) -> int:
+        """Number of ranks of the SPMD program (1: single device)."""
+    def all_reduce(self, x: int) -> int: ...
+    def promote_ranks(self) -> KernelGraph:
+        """The equal-rank form the search works on (this graph when nothing is promoted)."""
     def new_input(self, dims: Sequence[int], dtype: str) -> int: ...
     def matmul(self, a: int, b: int) -> int: ...
     def unary(self, op: str, x: int, params: Sequence[float] = ...) -> int: ...
@@ -134,7 +140,8 @@ class KernelGraph:
         self, inputs: Sequence[tuple[bytes, Sequence[int]]]
     ) -> list[tuple[bytes, list[int]]]:
         """Reference evaluator in float64. Each input is (little-endian float64 bytes, dims);
-        returns one (bytes, dims) per output. Releases the GIL."""
+        returns one (bytes, dims) per output. For ``world_size`` N the bytes hold the N ranks'
+        values one after the other and dims are per rank. Releases the GIL."""
     def fingerprint(self, trials: int = 2, seed: int = 0, threads: int | None = None) -> str:
         """Hex digest of the outputs' finite-field fingerprints over ``trials`` seeded trials.
         Bit-identical for any ``threads``. Releases the GIL."""

@@ -192,10 +192,14 @@ class KernelGraph(_ElementwiseOps[DTensor]):
 
     Build one with :func:`new_kernel_graph`, add inputs with :meth:`new_input`, chain
     operators, and mark results with :meth:`mark_output`.
+
+    With ``world_size`` N > 1 the graph is the program of one of N ranks (SPMD): inputs hold
+    each rank's own data, every operator runs per rank, and :meth:`all_reduce` sums over the
+    ranks.
     """
 
-    def __init__(self) -> None:
-        self._g = _core.KernelGraph()
+    def __init__(self, world_size: int = 1) -> None:
+        self._g = _core.KernelGraph(check_int(world_size, "world_size", GraphError))
 
     @classmethod
     def _wrap(cls, core: _core.KernelGraph) -> KernelGraph:
@@ -238,6 +242,16 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         dt = _check_dtype(dtype)
         return self._t(self._g.new_input(shape, dt.name))
 
+    @property
+    def world_size(self) -> int:
+        """Number of ranks the graph's program runs on (1: a single device)."""
+        return self._g.world_size
+
+    def all_reduce(self, x: DTensor) -> DTensor:
+        """The sum of ``x`` over the graph's ``world_size`` ranks, on every rank (a
+        collective; the identity when ``world_size`` is 1)."""
+        return self._t(self._g.all_reduce(self._id(x)))
+
     def matmul(self, a: DTensor, b: DTensor) -> DTensor:
         """Matrix product over the last two dims, batched over equal leading dims."""
         return self._t(self._g.matmul(self._id(a, "a"), self._id(b, "b")))
@@ -253,7 +267,8 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         weight: DTensor | None = None,
         eps: float = _DEFAULT_EPS,
     ) -> DTensor:
-        """``x / sqrt(mean(x**2 over normalized_shape) + eps)``, times ``weight`` if given."""
+        """``x / sqrt(mean(x**2 over normalized_shape) + eps)``, times ``weight`` if given
+        (shape ``normalized_shape``, optionally with leading size-1 dims)."""
         xid = self._id(x)
         shape = check_ints(normalized_shape, "normalized_shape", ShapeError)
         wid = None if weight is None else self._id(weight, "weight")
@@ -307,12 +322,14 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         """Run the float64 reference evaluator; one array per input, in declaration order.
 
         Arrays of any real dtype are accepted (converted to float64); returns one float64
-        array per output."""
+        array per output. For ``world_size`` N > 1 every array has a leading rank axis,
+        ``(N, *dims)`` (entry r is rank r's input), and so has every output."""
         in_ids = self._g.inputs()
         if not isinstance(inputs, (list, tuple)):
             raise EvaluationError(
                 f"evaluate() takes a list of {len(in_ids)} arrays, got {type(inputs).__name__}"
             )
+        ws = self._g.world_size
         expected = [tuple(self._g.tensor_dims(t)) for t in in_ids]
         if len(inputs) != len(in_ids):
             raise EvaluationError(
@@ -327,12 +344,19 @@ class KernelGraph(_ElementwiseOps[DTensor]):
                 arr = np.asarray(array, dtype=np.float64)
             except (TypeError, ValueError) as exc:
                 raise EvaluationError(f"input {i} is not a numeric array: {exc}") from None
-            if arr.shape != dims:
+            if ws > 1 and arr.shape != (ws, *dims):
+                raise ShapeError(
+                    f"input {i} has shape {arr.shape}; this graph runs on {ws} ranks, so "
+                    f"evaluate() takes each input with a leading rank axis: expected shape "
+                    f"{(ws, *dims)} (one {dims} array per rank)"
+                )
+            if ws == 1 and arr.shape != dims:
                 raise EvaluationError(f"input {i} has shape {arr.shape}; expected dims {dims}")
             payload.append((np.ascontiguousarray(arr, dtype="<f8").tobytes(), list(dims)))
         results = self._g.evaluate(payload)
+        lead = (ws,) if ws > 1 else ()
         return [
-            np.frombuffer(data, dtype="<f8").reshape(dims).astype(np.float64, copy=True)
+            np.frombuffer(data, dtype="<f8").reshape(*lead, *dims).astype(np.float64, copy=True)
             for data, dims in results
         ]
 
@@ -532,9 +556,10 @@ def _check_seed(seed: object) -> int:
     return s
 
 
-def new_kernel_graph() -> KernelGraph:
-    """A new, empty kernel graph."""
-    return KernelGraph()
+def new_kernel_graph(world_size: int = 1) -> KernelGraph:
+    """A new, empty kernel graph; ``world_size`` N > 1 makes it the program of one of N
+    ranks (SPMD, see :meth:`KernelGraph.all_reduce`)."""
+    return KernelGraph(world_size)
 
 
 def new_threadblock_graph(
@@ -550,7 +575,7 @@ def new_threadblock_graph(
 def equivalent(g1: KernelGraph, g2: KernelGraph, trials: int = 2, seed: int = 0) -> bool:
     """True when the two graphs' fingerprints agree on ``trials`` seeded random inputs.
 
-    Raises ShapeError when the graphs' input signatures differ."""
+    Raises ShapeError when the graphs' input signatures or world sizes differ."""
     for name, g in (("g1", g1), ("g2", g2)):
         if not isinstance(g, KernelGraph):
             raise GraphError(f"{name} must be a KernelGraph, got {type(g).__name__}")

@@ -6,6 +6,12 @@ A saved kernel is either a directory (``graph.json``, ``plan.json``, ``kernel<su
 fields. Loading regenerates the source from the plan (the plan is vendor-neutral), compiles
 it through the disk cache (a cache hit when nothing changed), checks versions, and by
 default re-checks the numbers against the reference evaluator.
+
+The kernel is built for the graph's equal-rank form (``KernelGraph`` broadcasting promotes
+ranks numpy style; the search works on graphs where lower-rank tensors carry explicit
+leading size-1 dims): :class:`Shapes` reshapes the caller's tensors to that form and the
+outputs back (views, no copies). Multi-device kernels (``world_size`` > 1) sum over the ranks
+through ``yirage._collectives``.
 """
 
 from __future__ import annotations
@@ -13,15 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from yirage import _collectives
 from yirage._backend import Backend
-from yirage._errors import SerializationError, YirageError
+from yirage._errors import SerializationError, ShapeError, YirageError
 from yirage._graph import KernelGraph
 from yirage._logging import get_logger
 
@@ -29,6 +36,7 @@ __all__ = [
     "CandidateReport",
     "NumericCheckError",
     "OptimizedKernel",
+    "Shapes",
     "SuperoptimizeReport",
     "load_kernel",
 ]
@@ -220,7 +228,10 @@ def numeric_check(
     graph: KernelGraph, run: Any, inputs: Sequence[Any], reference: Sequence[np.ndarray]
 ) -> float:
     """Run ``run(*inputs)`` and return the worst relative error over the outputs."""
-    outs = run(*inputs)
+    return _worst_error(run(*inputs), reference)
+
+
+def _worst_error(outs: Sequence[Any], reference: Sequence[np.ndarray]) -> float:
     if len(outs) != len(reference):
         raise NumericCheckError(
             f"the kernel returned {len(outs)} outputs, the graph has {len(reference)}"
@@ -228,12 +239,105 @@ def numeric_check(
     return max(rel_frobenius(to_numpy64(o), r) for o, r in zip(outs, reference, strict=True))
 
 
+class Shapes:
+    """How a graph's inputs and outputs map onto the equal-rank graph its kernels are built
+    for (``KernelGraph.promote_ranks``): the two differ only by leading size-1 dims, so the
+    caller's tensors are reshaped (views, never copies) on the way in and the outputs on the
+    way out."""
+
+    def __init__(self, graph: KernelGraph) -> None:
+        self.world_size = graph.world_size
+        self.kernel_graph = KernelGraph._wrap(graph._g.promote_ranks())
+        self.user_in = [t.dims for t in graph.inputs]
+        self.kernel_in = [t.dims for t in self.kernel_graph.inputs]
+        self.user_out = [t.dims for t in graph.outputs]
+        self.kernel_out = [t.dims for t in self.kernel_graph.outputs]
+        self.identity = self.user_in == self.kernel_in and self.user_out == self.kernel_out
+
+    def to_kernel(self, tensors: Sequence[Any]) -> list[Any]:
+        """The caller's inputs (the graph's shapes, or already the kernel's) as the kernel's."""
+        if self.identity or len(tensors) != len(self.user_in):
+            return list(tensors)  # a wrong count: the launcher names what it takes
+        out = []
+        for i, (x, user, kernel) in enumerate(
+            zip(tensors, self.user_in, self.kernel_in, strict=True)
+        ):
+            shape = tuple(getattr(x, "shape", ()))
+            if user == kernel or shape == kernel:
+                out.append(x)
+            elif shape == user:
+                out.append(x.reshape(kernel))  # leading 1s only: a view
+            else:
+                raise ShapeError(f"input {i} has shape {shape}; expected {user}")
+        return out
+
+    def to_user(self, outputs: Sequence[Any]) -> list[Any]:
+        """The kernel's outputs in the graph's shapes."""
+        if self.identity:
+            return list(outputs)
+        return [
+            o if user == kernel else o.reshape(user)
+            for o, user, kernel in zip(outputs, self.user_out, self.kernel_out, strict=True)
+        ]
+
+
+def check_tensors(backend: Backend, graph: KernelGraph, shapes: Shapes, seed: int) -> list[Any]:
+    """Fresh check inputs (:func:`check_inputs`) on the backend, in the kernel's shapes; for
+    ``world_size`` N > 1 one such list per rank (rank r drawn from ``seed + r``)."""
+    dtypes = [t.dtype.name for t in graph.inputs]
+    if shapes.world_size == 1:
+        return to_backend_tensors(backend, shapes.to_kernel(check_inputs(graph, seed)), dtypes)
+    return [
+        to_backend_tensors(backend, shapes.to_kernel(check_inputs(graph, seed + r)), dtypes)
+        for r in range(shapes.world_size)
+    ]
+
+
+def reference_outputs(graph: KernelGraph, shapes: Shapes, tensors: Sequence[Any]) -> list[Any]:
+    """The float64 reference evaluator's outputs, in the kernel's shapes, for ``tensors``
+    (as :func:`check_tensors` returns them: per rank when ``world_size`` > 1)."""
+    ws = shapes.world_size
+    if ws == 1:
+        arrays = [to_numpy64(t).reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)]
+        return [
+            r.reshape(k) for r, k in zip(graph.evaluate(arrays), shapes.kernel_out, strict=True)
+        ]
+    stacked = [
+        np.stack([to_numpy64(rank[i]).reshape(u) for rank in tensors])
+        for i, u in enumerate(shapes.user_in)
+    ]
+    outs = graph.evaluate(stacked)
+    return [
+        [o[r].reshape(k) for o, k in zip(outs, shapes.kernel_out, strict=True)] for r in range(ws)
+    ]
+
+
+def run_check(
+    shapes: Shapes,
+    run: Callable[..., Sequence[Any]],
+    tensors: Sequence[Any],
+    reference: Sequence[Any],
+) -> float:
+    """Worst relative error of ``run`` (a launcher of the kernel's shapes) against the
+    reference; a multi-device kernel runs every rank in this process (one thread per rank,
+    all_reduce through ``yirage._collectives.SimulatedGroup``)."""
+    if shapes.world_size == 1:
+        return _worst_error(run(*tensors), reference)
+    outs = _collectives.run_ranks(lambda r: list(run(*tensors[r])), shapes.world_size)
+    return max(_worst_error(o, ref) for o, ref in zip(outs, reference, strict=True))
+
+
 # -- the kernel --------------------------------------------------------------------------------
 
 
 class OptimizedKernel:
     """A superoptimized kernel: call it with the graph's inputs (``k(*tensors)`` or
-    ``k(inputs=[...])``) to get the list of outputs."""
+    ``k(inputs=[...])``) to get the list of outputs.
+
+    A kernel of a multi-device graph (``world_size`` N > 1) is one rank's program: called
+    normally, its all_reduce sums over the ranks of ``torch.distributed``'s default process
+    group (initialised with world size N); :meth:`run_ranks` runs all N ranks in this
+    process instead."""
 
     def __init__(
         self,
@@ -250,6 +354,7 @@ class OptimizedKernel:
         self._plan = dict(plan)
         self._source_obj = source
         self._launcher = launcher
+        self._shapes = Shapes(graph)
         self.report = report
 
     # -- calling ---------------------------------------------------------------------------
@@ -258,7 +363,33 @@ class OptimizedKernel:
             if tensors:
                 raise TypeError("pass the inputs either positionally or as inputs=[...], not both")
             tensors = tuple(inputs)
-        return list(self._launcher(*tensors))
+        shapes = self._shapes
+        if shapes.identity:
+            return list(self._launcher(*tensors))
+        return shapes.to_user(list(self._launcher(*shapes.to_kernel(tensors))))
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks of the kernel's graph (1: a single device)."""
+        return self._shapes.world_size
+
+    def run_ranks(self, per_rank_inputs: Sequence[Sequence[Any]]) -> list[list[Any]]:
+        """Run every rank of the kernel in this process: ``per_rank_inputs[r]`` are rank r's
+        inputs (``world_size`` lists); returns each rank's outputs. The ranks run on one
+        thread each and all_reduce sums their values at a barrier, in rank order (no
+        ``torch.distributed`` needed)."""
+        ws = self.world_size
+        if isinstance(per_rank_inputs, (str, bytes)) or not isinstance(per_rank_inputs, Sequence):
+            raise ShapeError(
+                f"run_ranks() takes one list of inputs per rank ({ws} lists), got "
+                f"{type(per_rank_inputs).__name__}"
+            )
+        if len(per_rank_inputs) != ws:
+            raise ShapeError(
+                f"run_ranks() takes one list of inputs per rank: the kernel runs on {ws} ranks, "
+                f"got {len(per_rank_inputs)} lists"
+            )
+        return _collectives.run_ranks(lambda r: self(*per_rank_inputs[r]), ws)
 
     # -- inspection ------------------------------------------------------------------------
     @property
@@ -308,6 +439,7 @@ class OptimizedKernel:
             "plan_format": self._plan.get("format"),
             "plan_version": self._plan.get("version"),
             "graph_hash": self._graph.hash(),
+            "world_size": self._graph.world_size,
             "source_sha256": hashlib.sha256(self.source.encode()).hexdigest(),
             "source_suffix": getattr(self._backend, "source_suffix", ".txt"),
             "report": self.report.to_dict(),
@@ -411,10 +543,10 @@ def load_kernel(
     launcher = be.load(artifact)
     if check:
         seed = int(np.random.SeedSequence().entropy % (2**63))  # type: ignore[operator]
-        arrays = check_inputs(graph, seed)
-        tensors = to_backend_tensors(be, arrays, [t.dtype.name for t in graph.inputs])
-        ref = graph.evaluate([to_numpy64(t) for t in tensors])
-        err = numeric_check(graph, launcher, tensors, ref)
+        shapes = Shapes(graph)
+        tensors = check_tensors(be, graph, shapes, seed)
+        ref = reference_outputs(graph, shapes, tensors)
+        err = run_check(shapes, launcher, tensors, ref)
         tol = tolerance_for(graph)
         if not err <= tol:
             raise NumericCheckError(

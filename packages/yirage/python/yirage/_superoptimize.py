@@ -11,6 +11,13 @@ Warm path: the decision (chosen plan + report) is cached on disk under the graph
 backend and its version, the DeviceSpec, the core version and the search options. A warm
 call re-prints the plan, finds the compiled code in the cache and re-runs the numeric check,
 but skips search and profiling (``report.from_cache``). Pass ``cache=False`` to redo it all.
+
+Shapes: candidates are built for the graph's equal-rank form (numpy rank promotion made
+explicit, see ``yirage._kernel.Shapes``); check inputs are drawn in the graph's shapes and
+viewed in the kernel's. Multi-device graphs (``world_size`` N > 1): every candidate is checked
+by running all N ranks in this process (``yirage._collectives.run_ranks``) against the
+reference evaluator's N ranks, and profiled on rank 0's inputs with the collective replaced by
+a local stand-in (every candidate makes the same all_reduce library calls).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from yirage import _cache
+from yirage import _cache, _collectives
 from yirage._backend import Backend
 from yirage._errors import BackendUnavailableError, YirageError
 from yirage._graph import KernelGraph
@@ -33,11 +40,11 @@ from yirage._kernel import (
     CHECK_INPUTS_VERSION,
     CandidateReport,
     OptimizedKernel,
+    Shapes,
     SuperoptimizeReport,
-    check_inputs,
-    numeric_check,
-    to_backend_tensors,
-    to_numpy64,
+    check_tensors,
+    reference_outputs,
+    run_check,
     tolerance_for,
 )
 from yirage._logging import get_logger
@@ -231,7 +238,8 @@ def superoptimize(
     spec = be.device_spec()
     toolchain = _toolchain(be)
     tol = tolerance_for(graph)
-    dtypes = [t.dtype.name for t in graph.inputs]
+    shapes = Shapes(graph)
+    ws = shapes.world_size
     seed = int(np.random.SeedSequence().entropy % (2**63))  # type: ignore[operator]
     report = SuperoptimizeReport(
         backend=be.name,
@@ -245,11 +253,14 @@ def superoptimize(
 
     def reference_for(
         seed: int = seed, stored: list[np.ndarray] | None = None
-    ) -> tuple[list[Any], list[np.ndarray]]:
-        tensors = to_backend_tensors(be, check_inputs(graph, seed), dtypes)
+    ) -> tuple[list[Any], list[Any]]:
+        tensors = check_tensors(be, graph, shapes, seed)
         if stored is not None:
-            return tensors, stored
-        return tensors, graph.evaluate([to_numpy64(t) for t in tensors])
+            if ws == 1:
+                return tensors, stored
+            n = len(shapes.kernel_out)
+            return tensors, [stored[r * n : (r + 1) * n] for r in range(ws)]
+        return tensors, reference_outputs(graph, shapes, tensors)
 
     decision = (
         _decision_path(graph, be, spec.to_json(), top_k, config, dict(search_options))
@@ -269,11 +280,7 @@ def superoptimize(
     candidates, search_report = _search(graph, be, config, {"top_k": top_k, **search_options})
     report.search_s = time.perf_counter() - t0
     report.search = search_report
-    tensors, reference = (
-        reference_for()
-        if check
-        else (to_backend_tensors(be, check_inputs(graph, seed), dtypes), [])
-    )
+    tensors, reference = reference_for() if check else (check_tensors(be, graph, shapes, seed), [])
     passing: list[tuple[float, int, dict[str, Any], Any, Any]] = []
     for index, cand in enumerate(_to_profile(candidates, top_k)):
         cr = CandidateReport(
@@ -305,7 +312,7 @@ def superoptimize(
         if check:
             tc = time.perf_counter()
             try:
-                err = numeric_check(graph, launcher, tensors, reference)
+                err = run_check(shapes, launcher, tensors, reference)
             except Exception as exc:
                 cr.status = "error"
                 cr.error = f"run failed: {type(exc).__name__}: {exc}"
@@ -332,13 +339,26 @@ def superoptimize(
     rounds = int(popts.pop("rounds", PROFILE_ROUNDS))
     popts.setdefault("min_time_s", 0.2 / rounds)
     popts.setdefault("min_repeats", max(1, 30 // rounds))
+    # a multi-device kernel is timed on rank 0's inputs with a local stand-in collective
+    timed = tensors if ws == 1 else tensors[0]
+
+    def stand_in() -> contextlib.AbstractContextManager[Any]:
+        return _collectives.bound(_collectives.StandIn(ws)) if ws > 1 else contextlib.nullcontext()
+
+    if ws > 1:
+        report.notes.append(
+            f"the graph runs on {ws} ranks: every candidate was checked by running all ranks in "
+            "this process; timings are one rank's with the all_reduce collective replaced by a "
+            "local stand-in (no communication)"
+        )
     for _ in range(max(1, rounds)):
         for _, index, _, _, launcher in passing:
             cr = report.candidates[index]
             if cr.status != "ok":
                 continue
             try:
-                us = _median_us(be.profile(launcher, tensors, **popts))
+                with stand_in():
+                    us = _median_us(be.profile(launcher, timed, **popts))
             except Exception as exc:
                 cr.status = "error"
                 cr.error = f"profiling failed: {type(exc).__name__}: {exc}"
@@ -380,7 +400,8 @@ def superoptimize(
         with _cache.locked(decision):
             _cache.write_json(decision, {"plan": plan, "report": report.to_dict()})
             if check:
-                _save_reference(decision, seed, reference)
+                flat = reference if ws == 1 else [a for rank in reference for a in rank]
+                _save_reference(decision, seed, flat)
     return OptimizedKernel(
         graph=graph, backend=be, plan=plan, source=source, launcher=launcher, report=report
     )
@@ -504,14 +525,14 @@ def _from_decision(
         old.check_s = 0.0
         if check:
             tk = time.perf_counter()
-            stored = _load_reference(decision, len(graph.outputs))
+            stored = _load_reference(decision, len(graph.outputs) * graph.world_size)
             if stored is not None:  # the cold run's reference on regenerated inputs
                 tensors, reference = reference_for(stored[0], stored[1])
                 old.check_seed = stored[0]
             else:
                 tensors, reference = reference_for()
                 old.check_seed = report.check_seed
-            err = numeric_check(graph, launcher, tensors, reference)
+            err = run_check(Shapes(graph), launcher, tensors, reference)
             old.check_s = time.perf_counter() - tk
             if not err <= report.tolerance:  # type: ignore[operator]
                 _log.warning("cached decision fails the numeric check (%.3g); searching again", err)
