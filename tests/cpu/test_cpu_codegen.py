@@ -440,6 +440,78 @@ def test_multi_kernel_plan_with_library_kernels(build: Any) -> None:
     assert rel_err(outs[-1], expected) < 1e-5  # both routes compute X·W
 
 
+def test_printed_library_kernels(build: Any) -> None:
+    """Elementwise, reduction, rms_norm and softmax library kernels are printed as C (one
+    parallel pass, numpy broadcasting, any reduced dim, 16-bit outputs); matmul stays BLAS."""
+    p = PlanBuilder()
+    x = p.input([4, 128, 1024])
+    v = p.input([1024])
+    g = p.input([1, 128, 1024])
+    sq = p.intermediate([4, 128, 1024])
+    ss = p.intermediate([4, 1, 1024])
+    p.library("unary", [x], [sq], {"op": "square", "params": []})
+    p.library("reduction", [sq], [ss], {"dim": 1})
+    for op, ins, params, shape, dtype in (
+        ("binary", [x, ss], {"op": "div"}, [4, 128, 1024], "float32"),
+        ("binary", [v, x], {"op": "sub"}, [4, 128, 1024], "float32"),
+        ("binary", [ss, v], {"op": "mul"}, [4, 1, 1024], "float16"),
+        ("reduction", [x], {"dim": 2}, [4, 128, 1], "float32"),
+        ("reduction", [x], {"dim": 0}, [1, 128, 1024], "float32"),
+        ("softmax", [x], {"dim": 1}, [4, 128, 1024], "float32"),
+        ("softmax", [x], {"dim": 2}, [4, 128, 1024], "bfloat16"),
+        ("rms_norm", [x], {"num_normalized_dims": 1, "eps": 1e-6}, [4, 128, 1024], "float32"),
+        (
+            "rms_norm",
+            [x, g],
+            {"num_normalized_dims": 2, "eps": 0.0, "has_weight": True},
+            [4, 128, 1024],
+            "float16",
+        ),
+        ("unary", [ss], {"op": "mul_scalar", "params": [0.5]}, [4, 1, 1024], "float32"),
+    ):
+        p.library(op, ins, [p.output(shape, dtype)], params)
+    plan = p.build()
+    launcher = build(plan)
+    code = launcher.program.code
+    assert "yr_lib" in code and "#pragma omp parallel for" in code
+    assert all(s.kind == "generated" for s in launcher.program.steps)
+    rng = _rng(21)
+    ins = [
+        rng.standard_normal(s, dtype=np.float32) for s in ((4, 128, 1024), (1024,), (1, 128, 1024))
+    ]
+    refs = reference(plan, [np.asarray(a, dtype=np.float64) for a in ins])
+    torch = pytest.importorskip("torch")  # bfloat16 outputs need torch tensors
+    outs = launcher(*[torch.from_numpy(a) for a in ins])
+    for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        tol = 1e-5 if o.dtype == torch.float32 else 1e-2
+        assert rel_err(o.double().numpy(), r) < tol, (i, o.dtype)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ((8, 1024), (1024, 1536)),  # decode-style skinny matmul: N tiles over the cores
+        ((4, 4, 128), (4, 128, 1024)),  # batched (GQA scores)
+        ((2, 3, 5, 12), (2, 3, 12, 24)),  # rank 4, odd sizes (no power-of-two tiles)
+        ((256, 64), (64, 48)),  # M tiled too
+        ((1, 7), (7, 1)),
+    ],
+)
+def test_printed_library_matmuls(build: Any, a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    """Library matmuls run as generated kernels (one OpenMP pool with the rest of the plan,
+    no BLAS thread pool competing for the cores)."""
+    p = PlanBuilder()
+    xa, xb = p.input(list(a)), p.input(list(b))
+    p.library("matmul", [xa, xb], [p.output([*a[:-1], b[-1]])])
+    plan = p.build()
+    gk = _codegen.library_matmul_kernel(plan["kernels"][0], {x["id"]: x for x in plan["buffers"]})
+    assert gk is not None
+    launcher = build(plan)
+    assert [s.kind for s in launcher.program.steps] == ["generated"]
+    rng = _rng(sum(a) + sum(b))
+    _check(launcher, plan, [rng.standard_normal(s, dtype=np.float32) for s in (a, b)])
+
+
 def test_three_dimensional_grid(build: Any) -> None:
     p = PlanBuilder()
     x = p.input([4, 6, 32])

@@ -116,8 +116,8 @@ class CpuBackend(Backend):
         return _runtime.random_inputs(specs, seed=seed)
 
     def from_numpy(self, arrays: Sequence[Any], dtypes: Sequence[str]) -> list[Any]:
-        """float32 numpy arrays → this backend's tensors in ``dtypes`` (numpy arrays; torch
-        CPU tensors for bfloat16)."""
+        """float32 numpy arrays → this backend's tensors in ``dtypes`` (numpy arrays, 64-byte
+        aligned like torch's CPU tensors; torch CPU tensors for bfloat16)."""
         import numpy as np
 
         out: list[Any] = []
@@ -129,9 +129,12 @@ class CpuBackend(Backend):
                     torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
                 )
             else:
-                out.append(
-                    np.ascontiguousarray(a, dtype=np.float16 if d == "float16" else np.float32)
+                src = np.asarray(a)
+                dst = _runtime._aligned_empty(
+                    src.shape, np.dtype(np.float16 if d == "float16" else np.float32)
                 )
+                dst[...] = src
+                out.append(dst)
         return out
 
     def to_numpy(self, tensor: Any) -> Any:

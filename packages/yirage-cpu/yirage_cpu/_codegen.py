@@ -1,9 +1,11 @@
 """KernelPlan → C11 + OpenMP source (the CPU backend's printer).
 
 The plan format is docs/kernel-plan.md. Each generated kernel becomes one C function
-``int yr_<name>(void **buffers)`` that takes every plan buffer by id; library kernels are
-not printed (the runtime runs them through numpy between the generated calls, in plan
-order).
+``int yr_<name>(void **buffers)`` that takes every plan buffer by id. Library kernels of
+the ops in :data:`PRINTED_LIBRARY_OPS` (elementwise, reduction, rms_norm, softmax) are
+printed too, as one parallel pass each (``yr_lib<i>_<op>``); the others (matmul through
+BLAS, concat, chunk, collectives) are run by the runtime through numpy between the C calls,
+in plan order.
 
 How a generated kernel maps onto a CPU:
 
@@ -52,7 +54,7 @@ __all__ = [
 PLAN_FORMAT = "yirage.kernel_plan"
 PLAN_VERSION = 1
 #: Version of the printer; part of every compile-cache key.
-CODEGEN_VERSION = "5"
+CODEGEN_VERSION = "6"
 
 #: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
 _STACK_LIMIT = 256 * 1024
@@ -78,8 +80,9 @@ class CodegenError(BackendError):
 
 @dataclass(frozen=True)
 class Step:
-    """One entry of the execution order: a library kernel (run by the runtime through
-    numpy) or a generated kernel (the C function ``symbol``)."""
+    """One entry of the execution order: ``library`` (run by the runtime through numpy) or
+    ``generated`` (the C function ``symbol``: a generated kernel or a printed library
+    kernel)."""
 
     kind: str
     index: int
@@ -684,6 +687,14 @@ class _KernelPrinter:
             raise self._err(f"unknown binary op {name!r}")
         out = self._private(oid, dims)
         self.tiles[oid] = out
+        if name == "div" and _prod(b.dims) * 4 <= _prod(dims):
+            # A divisor broadcast over ≥ 4 elements each (QK-norm's K / rms over d): one
+            # reciprocal per divisor element, then multiplies (a vector divide costs ~10x a
+            # multiply; the result differs from a / b by at most an ulp or so).
+            rb = self._private(oid, b.dims, prefix="yr_rcp")
+            with self._nest(w, b.dims) as idx:
+                w(f"{rb.at(idx)} = 1.0f / {b.at(idx)};")
+            b, template = rb, _BINARY["mul"]
         with self._nest(w, dims) as idx:
             w(f"{out.at(idx)} = {template.format(a=a.at(idx), b=b.at(idx))};")
 
@@ -1154,6 +1165,351 @@ def _reindent(lines: list[str], levels: int) -> list[str]:
     return [pad + ln if ln else ln for ln in lines]
 
 
+# -- library kernels printed as C --------------------------------------------------------------
+
+#: Library ops the printer turns into C functions (elementwise, reductions, rms_norm,
+#: softmax, matmul). numpy runs elementwise ops on one core with a temporary per step, and
+#: its BLAS keeps a thread pool of its own that fights the generated kernels' OpenMP
+#: threads for the cores between steps (measured: a 10-kernel plan ran ~2x slower than the
+#: sum of its kernels); printed, every step runs on the one OpenMP pool in one pass over
+#: memory. concat, chunk and collectives stay with the runtime.
+PRINTED_LIBRARY_OPS = frozenset({"unary", "binary", "reduction", "rms_norm", "softmax", "matmul"})
+#: Bytes of B tile a printed library matmul streams per for-loop step (about L1d).
+_LIB_MM_B_TILE = 32 * 1024
+#: A printed library kernel runs on one thread below this many elements (an OpenMP
+#: parallel region costs about a microsecond).
+_PAR_MIN_ELEMS = 32768
+#: Inner-dim chunk of reductions/softmax over a non-last dim (partial sums kept in a local
+#: array while the reduced dim is walked).
+_LIB_CHUNK = 256
+
+
+def _pow2_tile(extent: int, cap: int, floor: int = 1) -> int:
+    """The largest power of two ≤ ``cap`` dividing ``extent`` (at least ``floor``), else
+    ``extent`` itself."""
+    t = 1
+    while t * 2 <= cap and extent % (t * 2) == 0:
+        t *= 2
+    return t if t >= floor else extent
+
+
+def library_matmul_kernel(
+    kernel: Mapping[str, Any], buffers: Mapping[int, Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """A library matmul as a generated kernel of the plan format (grid over N tiles, M tiles
+    and batch, for-loop over K tiles, one iteration accumulator), printed by the generated
+    kernels' printer; ``None`` where the shapes do not fit that form (numpy runs it)."""
+    try:
+        a, b = (int(x) for x in kernel["inputs"])
+        (c,) = (int(x) for x in kernel["outputs"])
+        ad, bd, cd = (tuple(int(d) for d in buffers[x]["dims"]) for x in (a, b, c))
+    except (KeyError, TypeError, ValueError):
+        return None
+    r = len(ad)
+    if r < 2 or r > 4 or len(bd) != r or ad[:-2] != bd[:-2] or ad[-1] != bd[-2]:
+        return None
+    m, k, n = ad[-2], ad[-1], bd[-1]
+    if cd != (*ad[:-1], n):
+        return None
+    batch = ad[:-2]
+    nt = _pow2_tile(n, 512, 16)
+    mt = m if m <= 64 else _pow2_tile(m, 64, 8)
+    if len(batch) == 2 and mt != m:
+        return None  # three grid axes at most
+    kt = _pow2_tile(k, max(16, _LIB_MM_B_TILE // (4 * nt)), 8)
+    axes: list[tuple[int, int, int]] = [(r - 1, n // nt, nt)]  # (dim, parts, tile)
+    if mt != m:
+        axes.append((r - 2, m // mt, mt))
+    axes.extend((d, batch[d], 1) for d in range(len(batch)) if batch[d] > 1)
+    if len(axes) > 3:
+        return None
+    grid = [1, 1, 1]
+    var_of: dict[int, tuple[str, int]] = {}
+    for ax, (d, parts, tile) in enumerate(axes):
+        grid[ax] = parts
+        if parts > 1:
+            var_of[d] = (_BLOCK_VARS[ax], tile)
+
+    def batch_offsets() -> list[list[dict[str, Any]]]:
+        """Offsets of the batch dims (one block per batch index), none yet for the last two."""
+        return [
+            [{"var": var_of[d][0], "stride": 1}] if d in var_of else [] for d in range(r - 2)
+        ] + [[], []]
+
+    ct = (*(1 for _ in batch), mt, nt)
+    at = (*(1 for _ in batch), mt, kt)
+    bt = (*(1 for _ in batch), kt, nt)
+    a_off, b_off, c_off = batch_offsets(), batch_offsets(), batch_offsets()
+    for d, offs in ((r - 2, (a_off, c_off)), (r - 1, (b_off, c_off))):
+        if d in var_of:  # M tiles of A and C, N tiles of B and C
+            v, t = var_of[d]
+            for o in offs:
+                o[d].append({"var": v, "stride": t})
+    f = k // kt
+    if f > 1:
+        a_off[r - 1].append({"var": "iter", "stride": kt})
+        b_off[r - 2].append({"var": "iter", "stride": kt})
+    return {
+        "kind": "generated",
+        "name": "matmul",
+        "grid": grid,
+        "forloop_range": f,
+        "inputs": [
+            {"buffer": a, "dims": list(ad), "tile": list(at), "offsets": a_off},
+            {"buffer": b, "dims": list(bd), "tile": list(bt), "offsets": b_off},
+        ],
+        "ops": [
+            {"id": 0, "op": "input", "input": 0, "dims": list(at), "phase": "loop"},
+            {"id": 1, "op": "input", "input": 1, "dims": list(bt), "phase": "loop"},
+            {"id": 2, "op": "matmul", "args": [0, 1], "dims": list(ct), "phase": "loop"},
+            {
+                "id": 3,
+                "op": "accum",
+                "acc": "iter",
+                "args": [2],
+                "dims": list(ct),
+                "phase": "accum",
+            },
+        ],
+        "outputs": [{"buffer": c, "src": 3, "tile": list(ct), "offsets": c_off}],
+        "safe_softmax": [],
+    }
+
+
+def _pad_dims(dims: Sequence[int], rank: int) -> tuple[int, ...]:
+    return (1,) * (rank - len(dims)) + tuple(int(d) for d in dims)
+
+
+class _LibraryPrinter:
+    """One library kernel of the plan as ``int <symbol>(void **buffers)``."""
+
+    def __init__(
+        self, kernel: Mapping[str, Any], buffers: Mapping[int, Mapping[str, Any]], symbol: str
+    ) -> None:
+        self.k = kernel
+        self.buffers = buffers
+        self.symbol = symbol
+        self.op = str(kernel.get("op"))
+        self.params = kernel.get("params", {}) or {}
+        self.ins = [int(i) for i in kernel.get("inputs", [])]
+        self.outs = [int(o) for o in kernel.get("outputs", [])]
+        for b in (*self.ins, *self.outs):
+            if b not in buffers:
+                raise CodegenError(f"library kernel {self.op!r} uses unknown buffer {b}")
+        if len(self.outs) != 1:
+            raise CodegenError(f"library kernel {self.op!r} must have one output")
+
+    def _dims(self, b: int) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.buffers[b]["dims"])
+
+    def _load(self, b: int, idx: str) -> str:
+        return _LOAD[self.buffers[b]["dtype"]].format(f"B{b}[{idx}]")
+
+    def _store(self, idx: str, val: str) -> str:
+        o = self.outs[0]
+        return f"B{o}[{idx}] = {_STORE[self.buffers[o]['dtype']].format(val)};"
+
+    def _par(self, elems: int, extra: str = "") -> str:
+        clause = f" if({elems} >= {_PAR_MIN_ELEMS})" if elems < 1 << 62 else ""
+        return f"#pragma omp parallel for{extra} schedule(static){clause}"
+
+    def print(self) -> str:
+        w = _Writer()
+        w(f"/* library kernel: {self.op} {json.dumps(self.params, sort_keys=True)} */")
+        with w.block(f"int {self.symbol}(void **buffers)"):
+            for b in sorted(set(self.ins) | set(self.outs)):
+                ctype = _DTYPE_C[self.buffers[b]["dtype"]]
+                const = "" if b in self.outs else "const "
+                w(f"{const}{ctype} *restrict B{b} = ({const}{ctype} *)buffers[{b}];")
+            getattr(self, f"_{self.op}")(w)
+            w("return 0;")
+        return w.text()
+
+    def _unary(self, w: _Writer) -> None:
+        (x,) = self.ins
+        n = _prod(self._dims(x))
+        if n != _prod(self._dims(self.outs[0])):
+            raise CodegenError(
+                f"unary library kernel: {self._dims(x)} -> {self._dims(self.outs[0])}"
+            )
+        expr = unary_expr(
+            str(self.params.get("op")), [float(v) for v in self.params.get("params", [])], "yr_v"
+        )
+        w(self._par(n, " simd"))
+        with w.block(f"for (int64_t i = 0; i < {n}; ++i)"):
+            w(f"const float yr_v = {self._load(x, 'i')};")
+            w(self._store("i", expr))
+
+    def _binary(self, w: _Writer) -> None:
+        a, b = self.ins
+        out = self._dims(self.outs[0])
+        name = str(self.params.get("op"))
+        template = _BINARY.get(name)
+        if template is None:
+            raise CodegenError(f"unknown binary op {name!r} in a library kernel")
+        n = _prod(out)
+        if self._dims(a) == out and self._dims(b) == out:
+            w(self._par(n, " simd"))
+            with w.block(f"for (int64_t i = 0; i < {n}; ++i)"):
+                val = template.format(a=self._load(a, "i"), b=self._load(b, "i"))
+                w(self._store("i", val))
+            return
+        rank = max(4, len(out))
+        od = _pad_dims(out, rank)
+
+        def bstrides(buf: int) -> tuple[int, ...]:
+            d = _pad_dims(self._dims(buf), rank)
+            for x, y in zip(d, od, strict=True):
+                if x != y and x != 1:
+                    raise CodegenError(f"binary library kernel: {self._dims(buf)} vs output {out}")
+            st = _row_major(d)
+            return tuple(0 if x == 1 else s for x, s in zip(d, st, strict=True))
+
+        sa, sb = bstrides(a), bstrides(b)
+        so = _row_major(od)
+        outer = od[:-1]
+        idx = [f"i{k}" for k in range(len(outer))]
+        w(self._par(n, f" collapse({len(outer)})"))
+        for k, e in enumerate(outer):
+            w(f"for (int64_t {idx[k]} = 0; {idx[k]} < {e}; ++{idx[k]})")
+        with w.block(""):
+
+            def base(st: tuple[int, ...]) -> str:
+                terms = [f"{i} * {s}" for i, s in zip(idx, st[:-1], strict=True) if s]
+                return " + ".join(terms) if terms else "0"
+
+            w(f"const int64_t yr_a = {base(sa)}, yr_b = {base(sb)}, yr_o = {base(so)};")
+            w("#pragma omp simd")
+            with w.block(f"for (int64_t j = 0; j < {od[-1]}; ++j)"):
+
+                def el(buf: int, s: int, b0: str) -> str:
+                    idx = f"{b0} + j" if s == 1 else f"{b0} + j * {s}" if s else b0
+                    return self._load(buf, idx)
+
+                val = template.format(a=el(a, sa[-1], "yr_a"), b=el(b, sb[-1], "yr_b"))
+                w(self._store("yr_o + j", val))
+
+    def _split(self, dims: tuple[int, ...], dim: int) -> tuple[int, int, int]:
+        return _prod(dims[:dim]), dims[dim], _prod(dims[dim + 1 :])
+
+    def _reduction(self, w: _Writer) -> None:
+        (x,) = self.ins
+        xd = self._dims(x)
+        dim = int(self.params.get("dim", -1)) % len(xd)
+        outer, red, inner = self._split(xd, dim)
+        if _prod(self._dims(self.outs[0])) != outer * inner:
+            raise CodegenError(
+                f"reduction library kernel: {xd} over {dim} -> {self._dims(self.outs[0])}"
+            )
+        if inner == 1:
+            w(self._par(outer * red))
+            with w.block(f"for (int64_t o = 0; o < {outer}; ++o)"):
+                w("float yr_s = 0.0f;")
+                w("#pragma omp simd reduction(+:yr_s)")
+                with w.block(f"for (int64_t r = 0; r < {red}; ++r)"):
+                    w(f"yr_s += {self._load(x, f'o * {red} + r')};")
+                w(self._store("o", "yr_s"))
+            return
+        c = min(_LIB_CHUNK, inner)
+        nj = -(-inner // c)
+        w(self._par(outer * red * inner, " collapse(2)"))
+        w(f"for (int64_t o = 0; o < {outer}; ++o)")
+        with w.block(f"for (int64_t jb = 0; jb < {nj}; ++jb)"):
+            w(f"const int64_t j0 = jb * {c};")
+            w(f"const int64_t jn = j0 + {c} < {inner} ? {c} : {inner} - j0;")
+            w(f"float yr_acc[{c}] __attribute__((aligned(64)));")
+            w("#pragma omp simd")
+            w("for (int64_t j = 0; j < jn; ++j) yr_acc[j] = 0.0f;")
+            with w.block(f"for (int64_t r = 0; r < {red}; ++r)"):
+                w(f"const int64_t yr_x = (o * {red} + r) * {inner} + j0;")
+                w("#pragma omp simd")
+                w(f"for (int64_t j = 0; j < jn; ++j) yr_acc[j] += {self._load(x, 'yr_x + j')};")
+            w("#pragma omp simd")
+            with w.block("for (int64_t j = 0; j < jn; ++j)"):
+                w(self._store(f"o * {inner} + j0 + j", "yr_acc[j]"))
+
+    def _rms_norm(self, w: _Writer) -> None:
+        x = self.ins[0]
+        xd = self._dims(x)
+        nn = int(self.params.get("num_normalized_dims", 1))
+        cols = _prod(xd[len(xd) - nn :])
+        rows = _prod(xd) // max(1, cols)
+        eps = _flt(float(self.params.get("eps", 0.0)))
+        weight = self.ins[1] if self.params.get("has_weight") and len(self.ins) > 1 else None
+        if weight is not None and _prod(self._dims(weight)) != cols:
+            raise CodegenError(
+                f"rms_norm library kernel: weight {self._dims(weight)} vs {cols} columns"
+            )
+        w(self._par(rows * cols))
+        with w.block(f"for (int64_t o = 0; o < {rows}; ++o)"):
+            w(f"const int64_t yr_r = o * {cols};")
+            w("float yr_s = 0.0f;")
+            w("#pragma omp simd reduction(+:yr_s)")
+            with w.block(f"for (int64_t j = 0; j < {cols}; ++j)"):
+                w(f"const float yr_v = {self._load(x, 'yr_r + j')};")
+                w("yr_s += yr_v * yr_v;")
+            w(f"const float yr_f = 1.0f / sqrtf(yr_s / {_flt(cols)} + {eps});")
+            w("#pragma omp simd")
+            with w.block(f"for (int64_t j = 0; j < {cols}; ++j)"):
+                val = f"{self._load(x, 'yr_r + j')} * yr_f"
+                if weight is not None:
+                    val = f"{val} * {self._load(weight, 'j')}"
+                w(self._store("yr_r + j", val))
+
+    def _softmax(self, w: _Writer) -> None:
+        (x,) = self.ins
+        xd = self._dims(x)
+        dim = int(self.params.get("dim", -1)) % len(xd)
+        outer, red, inner = self._split(xd, dim)
+        # Three passes over each row (max, sum of exp, normalised exp): the row is in cache,
+        # and the output may be a 16-bit buffer that cannot hold the unnormalised exp.
+        if inner == 1:
+            w(self._par(outer * red))
+            with w.block(f"for (int64_t o = 0; o < {outer}; ++o)"):
+                w(f"const int64_t yr_r = o * {red};")
+                w("float yr_m = -INFINITY;")
+                w("#pragma omp simd reduction(max:yr_m)")
+                with w.block(f"for (int64_t r = 0; r < {red}; ++r)"):
+                    w(f"const float yr_v = {self._load(x, 'yr_r + r')};")
+                    w("yr_m = yr_v > yr_m ? yr_v : yr_m;")
+                w("float yr_s = 0.0f;")
+                w("#pragma omp simd reduction(+:yr_s)")
+                e = f"yr_exp({self._load(x, 'yr_r + r')} - yr_m)"
+                w(f"for (int64_t r = 0; r < {red}; ++r) yr_s += {e};")
+                w("const float yr_f = 1.0f / yr_s;")
+                w("#pragma omp simd")
+                with w.block(f"for (int64_t r = 0; r < {red}; ++r)"):
+                    w(self._store("yr_r + r", f"yr_exp({self._load(x, 'yr_r + r')} - yr_m) * yr_f"))
+            return
+        c = min(_LIB_CHUNK, inner)
+        nj = -(-inner // c)
+        w(self._par(outer * red * inner, " collapse(2)"))
+        w(f"for (int64_t o = 0; o < {outer}; ++o)")
+        with w.block(f"for (int64_t jb = 0; jb < {nj}; ++jb)"):
+            w(f"const int64_t j0 = jb * {c};")
+            w(f"const int64_t jn = j0 + {c} < {inner} ? {c} : {inner} - j0;")
+            w(f"float yr_m[{c}] __attribute__((aligned(64)));")
+            w(f"float yr_s[{c}] __attribute__((aligned(64)));")
+            with w.block("for (int64_t j = 0; j < jn; ++j)"):
+                w("yr_m[j] = -INFINITY;")
+                w("yr_s[j] = 0.0f;")
+            xi = f"(o * {red} + r) * {inner} + j0 + j"
+            with w.block(f"for (int64_t r = 0; r < {red}; ++r)"):
+                w("#pragma omp simd")
+                with w.block("for (int64_t j = 0; j < jn; ++j)"):
+                    w(f"const float yr_v = {self._load(x, xi)};")
+                    w("yr_m[j] = yr_v > yr_m[j] ? yr_v : yr_m[j];")
+            with w.block(f"for (int64_t r = 0; r < {red}; ++r)"):
+                w("#pragma omp simd")
+                e = f"yr_exp({self._load(x, xi)} - yr_m[j])"
+                w(f"for (int64_t j = 0; j < jn; ++j) yr_s[j] += {e};")
+            w("for (int64_t j = 0; j < jn; ++j) yr_s[j] = 1.0f / yr_s[j];")
+            with w.block(f"for (int64_t r = 0; r < {red}; ++r)"):
+                w("#pragma omp simd")
+                with w.block("for (int64_t j = 0; j < jn; ++j)"):
+                    w(self._store(xi, f"yr_exp({self._load(x, xi)} - yr_m[j]) * yr_s[j]"))
+
+
 # -- the whole program -----------------------------------------------------------------------
 
 _PRELUDE = r"""/* Generated by yirage-cpu (printer version %(codegen)s) from a yirage.kernel_plan.
@@ -1228,14 +1584,16 @@ static inline uint16_t yr_f2bf(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* exp for float that vectorises (no libm call): Cody-Waite range reduction and a degree-6
- * polynomial (about 1 ulp); the scale 2^n is applied in two halves so results underflow to
- * denormals/zero and overflow to infinity like expf. NaN propagates. */
+/* exp for float that vectorises (no libm call, no branches: GCC if-converts the selects):
+ * Cody-Waite range reduction around n = rint(x / ln 2) and a degree-6 polynomial (about
+ * 1 ulp); the scale 2^n is applied in two halves so results underflow to denormals/zero
+ * and overflow to infinity like expf. NaN propagates. */
 static inline float yr_exp(float x) {
-    const float xc = (x != x) ? 0.0f : (x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x));
-    const float t = xc * 1.44269504088896341f;
-    const int32_t n = (int32_t)(t + (t >= 0.0f ? 0.5f : -0.5f));
-    const float fn = (float)n;
+    float xc = x < -104.0f ? -104.0f : x;
+    xc = xc > 89.0f ? 89.0f : xc;
+    xc = (x != x) ? 0.0f : xc;
+    const float fn = rintf(xc * 1.44269504088896341f);
+    const int32_t n = (int32_t)fn;
     float r = xc - fn * 0.693359375f;
     r = r + fn * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -1245,7 +1603,7 @@ static inline float yr_exp(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const int32_t n1 = n / 2;
+    const int32_t n1 = n >> 1;
     const int32_t n2 = n - n1;
     const uint32_t b1 = (uint32_t)(n1 + 127) << 23;
     const uint32_t b2 = (uint32_t)(n2 + 127) << 23;
@@ -1273,7 +1631,19 @@ def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
             raise CodegenError(f"plan kernel {index} is not an object")
         kind = kernel.get("kind")
         if kind == "library":
-            steps.append(Step("library", index))
+            op = kernel.get("op")
+            gk = library_matmul_kernel(kernel, buffers) if op == "matmul" else None
+            if op not in PRINTED_LIBRARY_OPS or (op == "matmul" and gk is None):
+                steps.append(Step("library", index))
+                continue
+            symbol = f"yr_lib{index}_{_ident(op)}"
+            used.add(symbol)
+            if gk is not None:
+                printer = _KernelPrinter(gk, buffers, symbol, simd_width_bits)
+                functions.append(printer.print())
+            else:
+                functions.append(_LibraryPrinter(kernel, buffers, symbol).print())
+            steps.append(Step("generated", index, symbol))
             continue
         if kind != "generated":
             raise CodegenError(f"plan kernel {index} has unknown kind {kind!r}")

@@ -3,8 +3,9 @@
 A :class:`CpuLauncher` runs a printed plan: it checks the caller's tensors (numpy arrays or
 torch CPU tensors, used in place without copies), allocates the outputs (torch tensors when
 the inputs are torch tensors, numpy arrays otherwise) and float32 intermediates, then runs
-the plan's kernels in order: generated kernels through their C function, library kernels
-through numpy (matmul via BLAS).
+the plan's kernels in order: generated kernels and the library kernels the printer turns into
+C (elementwise, reductions, rms_norm, softmax, matmul) through their C function, the other
+library kernels (concat, chunk, all_reduce) through numpy.
 """
 
 from __future__ import annotations
@@ -81,6 +82,19 @@ def _np_ptr(x: np.ndarray) -> int:
         return ctypes.addressof(ctypes.c_char.from_buffer(x))  # type: ignore[arg-type]
     except (TypeError, ValueError, BufferError):
         return int(x.__array_interface__["data"][0])
+
+
+#: Alignment of the buffers the runtime allocates: a full 512-bit vector, so the generated
+#: kernels' vector loads never split a cache line (numpy aligns to 16 bytes only).
+_ALIGN = 64
+
+
+def _aligned_empty(dims: Sequence[int], dtype: np.dtype[Any]) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a :data:`_ALIGN` boundary."""
+    n = math.prod(dims) * dtype.itemsize
+    raw = np.empty(n + _ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + n].view(dtype).reshape(tuple(dims))
 
 
 def _torch_dtype(name: str) -> Any:
@@ -380,7 +394,7 @@ class CpuLauncher:
             bufs: list[np.ndarray | None] = [None] * len(self._specs)
             ptrs = (ctypes.c_void_p * max(1, len(self._specs)))()
             for s in self._intermediates:
-                arr = np.empty(s.dims, dtype=np.float32)
+                arr = _aligned_empty(s.dims, np.dtype(np.float32))
                 bufs[s.id] = arr
                 ptrs[s.id] = _np_ptr(arr)
             st = (bufs, ptrs)
@@ -441,7 +455,7 @@ class CpuLauncher:
                     )
         else:
             for s in self._outputs:
-                arr = np.empty(s.dims, dtype=_NP_DTYPE[s.dtype])
+                arr = _aligned_empty(s.dims, _NP_DTYPE[s.dtype])
                 results.append(arr)
                 ptrs[s.id] = _np_ptr(arr)
                 if need_views:
@@ -491,7 +505,9 @@ def random_inputs(
     specs: Sequence[tuple[Sequence[int], str]], *, seed: int = 0, torch_tensors: bool = False
 ) -> list[Any]:
     """Fresh standard-normal inputs of the given (dims, dtype) (float32 for computing, then
-    converted); torch tensors when ``torch_tensors`` (required for bfloat16)."""
+    converted); torch tensors when ``torch_tensors`` (required for bfloat16). numpy arrays
+    are 64-byte aligned like torch's CPU tensors, so profiling measures kernels on the
+    layout models pass them."""
     rng = np.random.default_rng(seed)
     out: list[Any] = []
     for dims, dtype in specs:
@@ -499,9 +515,12 @@ def random_inputs(
         if torch_tensors or dtype == "bfloat16":
             import torch
 
-            out.append(torch.from_numpy(x).to(getattr(torch, _TORCH_DTYPE_NAME[dtype])))
+            t = torch.from_numpy(x).to(getattr(torch, _TORCH_DTYPE_NAME[dtype]), copy=True)
+            out.append(t)
         else:
-            out.append(x.astype(_NP_DTYPE[dtype]))
+            a = _aligned_empty(tuple(dims), _NP_DTYPE[dtype])
+            a[...] = x
+            out.append(a)
     return out
 
 

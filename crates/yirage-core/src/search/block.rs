@@ -8,19 +8,33 @@
 //! accumulators run in the loop, accumulators end the loop, after-loop ops consume
 //! accumulated tiles (and inputs, which the concretisation then loads once).
 //!
-//! Canonical ordering: ops are appended in an order where each op either consumes the
-//! previous op's tile or has a larger key (max operand, kind, operands, parameter) than
-//! the previous op; every DAG has such an order (take ready ops by smallest key), so the
-//! enumeration is complete while most permutations are skipped. Identical tiles (same
-//! expression, dims and phase) are never built twice.
+//! Unary ops, rms_norm and target [`Fragment`]s in the loop body are not moves of their
+//! own: a move is a main op whose operands are *views* — a tile with a chain of such steps
+//! applied, materialised with the move (see `views`). Elementwise chains are fused into
+//! their consumer by rule (ARCHITECTURE.md §3), and every body tile has a consumer, so this
+//! enumerates the same programs with far fewer states: attention's 7 ops are 5 moves,
+//! QK-norm attention's 13 ops 5 moves. `max_block_ops` counts every op, a fragment as one.
+//!
+//! For the kernel graph's last op ([`enumerate`]'s `last`), every output must be a target
+//! output and every value one of the target's *goal classes*
+//! ([`super::expr::TargetExprs::goal_classes`]): values that cannot end up under an output
+//! are never built.
+//!
+//! Canonical ordering: moves are appended in an order where each move either consumes the
+//! previous move's main tile or has a larger key (max base tile, kind, bases, parameter and
+//! chains) than the previous move; every DAG has such an order (take ready moves by
+//! smallest key), so the enumeration is complete while most permutations are skipped.
+//! Identical tiles (same expression, dims and phase) are never built twice.
 
 use super::expr::{AbsVal, LookupBuilder};
 use super::lift::{lift_accum, lift_binary, lift_matmul, lift_rms_norm, lift_unary};
 use super::{Run, Vocab};
 use crate::dtype::DType;
+use crate::kernel_graph::{KernelGraph, KernelOpKind};
 use crate::ops::{AccumKind, BinaryOp, UnaryOp};
 use crate::shape::{broadcast_dims, keepdim_dims, matmul_dims, Dims};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// A kernel tensor as seen by a customized op.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,22 +85,6 @@ impl BOp {
             BOp::Accum(_, k) => format!("accum_{}", k.name().unwrap_or("iter")),
         }
     }
-
-    fn key(&self) -> (usize, u8, usize, usize, u64) {
-        let ops = self.operands();
-        let a = ops.first().copied().unwrap_or(0);
-        let b = ops.get(1).copied().unwrap_or(0);
-        let (code, param) = match self {
-            BOp::Input(k) => (0, *k as u64),
-            BOp::Matmul(..) => (1, 0),
-            BOp::Unary(op, _) => (2, param_code(op.name(), &op.params())),
-            BOp::Binary(op, ..) => (3, *op as u64),
-            BOp::Reduction(_, d) => (4, *d as u64),
-            BOp::RmsNorm(_) => (5, 0),
-            BOp::Accum(_, k) => (6, param_code(k.name().unwrap_or("iter"), &[])),
-        };
-        (a.max(b), code, a, b, param)
-    }
 }
 
 fn param_code(name: &str, params: &[f64]) -> u64 {
@@ -131,26 +129,72 @@ impl BlockProgram {
     }
 }
 
+/// Classes the values of a kernel graph's last op may take.
+pub type Goal = std::collections::HashSet<egg::Id>;
+
+/// Longest chain of steps (unary ops, rms_norm, fragments) folded into one operand of a
+/// block op (see the module doc).
+pub const MAX_CHAIN: usize = 3;
+
+/// Canonical-order key of a move: (max base tile, op code, base a, base b, parameters and
+/// operand chains).
+type Key = (usize, u8, usize, usize, u64);
+
 #[derive(Clone)]
 struct BState {
     ops: Vec<BOp>,
     tiles: Vec<BTile>,
     uses: Vec<u32>,
+    /// Made by a unary chain folded into an operand (such a tile is reached through its
+    /// chain's base, never used as a base itself).
+    chained: Vec<bool>,
     n_inputs: usize,
     n_accum: usize,
+    /// Ops charged against `max_block_ops` (a fragment counts as one).
+    charged: usize,
+    applied: Vec<Applied>,
+    /// The view of each tile as itself (shared, so building views allocates nothing).
+    plain: Vec<Arc<Tpl>>,
+}
+
+/// What undoing a move needs, and what the next move's canonical check compares with.
+#[derive(Clone, Copy)]
+struct Applied {
+    /// Ops the move pushed.
+    pushed: usize,
+    charge: usize,
+    key: Key,
+    /// The move's main tile.
+    main: usize,
 }
 
 impl BState {
-    fn n_ops(&self) -> usize {
-        self.ops.len() - self.n_inputs
-    }
     fn is_input(&self, t: usize) -> bool {
         t < self.n_inputs
     }
 }
 
+/// One DFS move: the unary ops of its operands' chains that do not exist yet, then the main
+/// op (operands are tile ids valid once `pre` is applied).
+struct BMove {
+    pre: Vec<(BOp, BTile)>,
+    op: BOp,
+    tile: BTile,
+    key: Key,
+    charge: usize,
+}
+
 /// Enumerate the abstract block programs over `ins` (at most `cfg.max_block_ops` ops).
-pub fn enumerate(run: &Run, vocab: &Vocab, ins: &[KIn]) -> Vec<BlockProgram> {
+/// `last`: the program is the kernel graph's last op, so every output must be a target
+/// output (nothing could consume it); `goal`: then every value must be one of these classes
+/// ([`super::expr::TargetExprs::goal_classes`]; `None` with pruning off).
+pub fn enumerate(
+    run: &Run,
+    vocab: &Vocab,
+    ins: &[KIn],
+    last: bool,
+    goal: Option<&Goal>,
+) -> Vec<BlockProgram> {
     let n = ins.len();
     let st = BState {
         ops: (0..n).map(BOp::Input).collect(),
@@ -164,17 +208,28 @@ pub fn enumerate(run: &Run, vocab: &Vocab, ins: &[KIn]) -> Vec<BlockProgram> {
             })
             .collect(),
         uses: vec![0; n],
+        chained: vec![false; n],
         n_inputs: n,
         n_accum: 0,
+        charged: 0,
+        applied: vec![],
+        plain: vec![],
     };
-    let first = moves(run, vocab, &st);
+    let st = BState {
+        plain: st.tiles.iter().map(plain_tpl).collect(),
+        ..st
+    };
+    let first = moves(run, vocab, goal, &st, &mut ViewCache::new());
     first
         .into_par_iter()
-        .map(|(op, tile)| {
+        .map(|mv| {
             let mut out = vec![];
             let mut st = st.clone();
-            apply(&mut st, op, tile);
-            dfs(run, vocab, &mut st, &mut out);
+            apply(&mut st, mv);
+            if feasible(run, &st) {
+                let mut cache = ViewCache::new();
+                dfs(run, vocab, (last, goal), &mut st, &mut cache, &mut out);
+            }
             out
         })
         .collect::<Vec<_>>()
@@ -183,7 +238,7 @@ pub fn enumerate(run: &Run, vocab: &Vocab, ins: &[KIn]) -> Vec<BlockProgram> {
         .collect()
 }
 
-fn apply(st: &mut BState, op: BOp, tile: BTile) {
+fn push(st: &mut BState, op: BOp, tile: BTile, chained: bool) {
     for a in op.operands() {
         st.uses[a] += 1;
     }
@@ -193,35 +248,83 @@ fn apply(st: &mut BState, op: BOp, tile: BTile) {
     st.ops.push(op);
     st.tiles.push(tile);
     st.uses.push(0);
+    st.chained.push(chained);
+    let p = plain_tpl(st.tiles.last().expect("just pushed"));
+    st.plain.push(p);
+}
+
+fn plain_tpl(t: &BTile) -> Arc<Tpl> {
+    Arc::new(Tpl {
+        base_abs: t.abs,
+        base_sum: t.summable,
+        ops: vec![],
+        steps: 0,
+        charge: 0,
+        abs: t.abs,
+        dims: t.dims.clone(),
+        after: t.after,
+        summable: t.summable,
+        code: 0,
+    })
+}
+
+fn apply(st: &mut BState, mv: BMove) {
+    let pushed = mv.pre.len() + 1;
+    for (op, tile) in mv.pre {
+        push(st, op, tile, true);
+    }
+    push(st, mv.op, mv.tile, false);
+    st.charged += mv.charge;
+    st.applied.push(Applied {
+        pushed,
+        charge: mv.charge,
+        key: mv.key,
+        main: st.tiles.len() - 1,
+    });
 }
 
 fn undo(st: &mut BState) {
-    if let Some(op) = st.ops.pop() {
-        for a in op.operands() {
-            st.uses[a] -= 1;
+    let Some(a) = st.applied.pop() else {
+        return;
+    };
+    st.charged -= a.charge;
+    for _ in 0..a.pushed {
+        if let Some(op) = st.ops.pop() {
+            for a in op.operands() {
+                st.uses[a] -= 1;
+            }
+            if matches!(op, BOp::Accum(..)) {
+                st.n_accum -= 1;
+            }
+            st.tiles.pop();
+            st.uses.pop();
+            st.chained.pop();
+            st.plain.pop();
         }
-        if matches!(op, BOp::Accum(..)) {
-            st.n_accum -= 1;
-        }
-        st.tiles.pop();
-        st.uses.pop();
     }
 }
 
-fn dfs(run: &Run, vocab: &Vocab, st: &mut BState, out: &mut Vec<BlockProgram>) {
+fn dfs(
+    run: &Run,
+    vocab: &Vocab,
+    (last, goal): (bool, Option<&Goal>),
+    st: &mut BState,
+    cache: &mut ViewCache,
+    out: &mut Vec<BlockProgram>,
+) {
     if run.count_state() {
         return;
     }
-    if let Some(p) = complete(st) {
+    if let Some(p) = complete(run, last, st) {
         out.push(p);
     }
-    if st.n_ops() >= run.cfg.max_block_ops {
+    if st.charged >= run.cfg.max_block_ops {
         return;
     }
-    for (op, tile) in moves(run, vocab, st) {
-        apply(st, op, tile);
+    for mv in moves(run, vocab, goal, st, cache) {
+        apply(st, mv);
         if feasible(run, st) {
-            dfs(run, vocab, st, out);
+            dfs(run, vocab, (last, goal), st, cache, out);
         }
         undo(st);
         if run.stopped() {
@@ -236,7 +339,7 @@ fn feasible(run: &Run, st: &BState) -> bool {
     let open_loop = (st.n_inputs..st.tiles.len())
         .filter(|&i| !st.tiles[i].after && st.uses[i] == 0)
         .count();
-    let left = run.cfg.max_block_ops.saturating_sub(st.n_ops());
+    let left = run.cfg.max_block_ops.saturating_sub(st.charged);
     // Each op consumes at most two open tiles; an accumulator is needed if none exists.
     let need = (open_inputs + open_loop)
         .div_ceil(2)
@@ -244,7 +347,7 @@ fn feasible(run: &Run, st: &BState) -> bool {
     need <= left
 }
 
-fn complete(st: &BState) -> Option<BlockProgram> {
+fn complete(run: &Run, last: bool, st: &BState) -> Option<BlockProgram> {
     if st.n_accum == 0 || (0..st.n_inputs).any(|i| st.uses[i] == 0) {
         return None;
     }
@@ -253,6 +356,9 @@ fn complete(st: &BState) -> Option<BlockProgram> {
         let t = &st.tiles[i];
         if st.uses[i] == 0 {
             if !t.after || t.abs.known().is_none() {
+                return None;
+            }
+            if last && !(0..run.target.outputs.len()).any(|k| run.target.is_output(t.abs, k)) {
                 return None;
             }
             outputs.push(i);
@@ -269,104 +375,579 @@ fn complete(st: &BState) -> Option<BlockProgram> {
     })
 }
 
-/// Phase of an op over `operands`: `None` if it mixes loop-body tiles with after-loop
-/// tiles (inputs may go either way).
-fn phase_of(st: &BState, operands: &[usize]) -> Option<bool> {
-    let after = operands.iter().any(|&a| st.tiles[a].after);
-    let body = operands
-        .iter()
-        .any(|&a| !st.tiles[a].after && !st.is_input(a));
-    if after && body {
-        None
-    } else {
-        Some(after)
+/// A fragment of the target: a sub-DAG of elementwise ops and reductions that reads one
+/// tensor and yields a tensor of the same dims (e.g. QK-norm's `K / sqrt(mean(K², d))`).
+/// The search applies fragments to tiles as operand steps (see the module doc), so a prologue
+/// the target computes on an input is fused into a block program in one step instead of
+/// being rediscovered op by op. Operand 0 is the source; `k + 1` is the result of `ops[k]`;
+/// the last op is the fragment's value. Fingerprints verify every use like any other op.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fragment {
+    pub ops: Vec<FOp>,
+}
+
+/// One op of a [`Fragment`] (operands are fragment-local ids).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FOp {
+    Unary(UnaryOp, usize),
+    Binary(BinaryOp, usize, usize),
+    /// Sum over a dim (keepdim), counted from the front as in the target.
+    Reduction(usize, usize),
+}
+
+/// The fragments of `g` (see [`Fragment`]): every tensor made by unary/binary/reduction ops
+/// from exactly one other tensor of the same dims, with at least one binary op or reduction
+/// (pure unary chains are operand chains already).
+pub fn fragments(g: &KernelGraph) -> Vec<Fragment> {
+    let ops = g.ops();
+    let mut producer: Vec<Option<usize>> = vec![None; g.num_tensors()];
+    for (i, op) in ops.iter().enumerate() {
+        for &o in &op.outs {
+            if let Some(p) = producer.get_mut(o) {
+                *p = Some(i);
+            }
+        }
+    }
+    let elementwise = |i: usize| {
+        matches!(
+            ops[i].kind,
+            KernelOpKind::Unary { .. }
+                | KernelOpKind::Binary { .. }
+                | KernelOpKind::Reduction { .. }
+        )
+    };
+    let mut out: Vec<Fragment> = vec![];
+    for (t, info) in g.tensors().iter().enumerate() {
+        let Some(pi) = producer[t].filter(|&p| elementwise(p)) else {
+            continue;
+        };
+        // The sub-DAG of elementwise ops ending at t and the tensors it reads.
+        let mut sub: Vec<usize> = vec![];
+        let mut leaves: Vec<usize> = vec![];
+        let mut stack = vec![pi];
+        while let Some(i) = stack.pop() {
+            if sub.contains(&i) {
+                continue;
+            }
+            sub.push(i);
+            for x in ops[i].kind.operands() {
+                match producer[x].filter(|&p| elementwise(p)) {
+                    Some(p) => stack.push(p),
+                    None => {
+                        if !leaves.contains(&x) {
+                            leaves.push(x)
+                        }
+                    }
+                }
+            }
+        }
+        if leaves.len() != 1 || g.tensors()[leaves[0]].dims != info.dims || sub.len() < 2 {
+            continue;
+        }
+        if sub
+            .iter()
+            .all(|&i| matches!(ops[i].kind, KernelOpKind::Unary { .. }))
+        {
+            continue;
+        }
+        sub.sort_unstable();
+        let mut local: Vec<(usize, usize)> = vec![(leaves[0], 0)];
+        let id = |local: &Vec<(usize, usize)>, x: usize| {
+            local.iter().find(|l| l.0 == x).map(|l| l.1).unwrap_or(0)
+        };
+        let mut fops = vec![];
+        for (k, &i) in sub.iter().enumerate() {
+            let f = match ops[i].kind {
+                KernelOpKind::Unary { op, x } => FOp::Unary(op, id(&local, x)),
+                KernelOpKind::Binary { op, a, b } => FOp::Binary(op, id(&local, a), id(&local, b)),
+                KernelOpKind::Reduction { x, dim } => FOp::Reduction(id(&local, x), dim),
+                _ => unreachable!("only elementwise ops are collected"),
+            };
+            fops.push(f);
+            local.push((ops[i].outs[0], k + 1));
+        }
+        let f = Fragment { ops: fops };
+        if !out.contains(&f) {
+            out.push(f);
+        }
+    }
+    out
+}
+
+/// Where an op of a view reads: the view's base tile or an earlier op of the view.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum VSrc {
+    Base,
+    Op(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum VKind {
+    Unary(UnaryOp, VSrc),
+    Binary(BinaryOp, VSrc, VSrc),
+    Reduction(VSrc, usize),
+    RmsNorm(VSrc),
+}
+
+/// One op of a view, with its value's expression, dims and whether it can hold a partial sum.
+#[derive(Debug, Clone)]
+struct VOp {
+    kind: VKind,
+    /// The step of the view this op belongs to.
+    step: usize,
+    abs: AbsVal,
+    dims: Dims,
+    summable: bool,
+}
+
+/// An operand of a move: a base tile with a chain of steps applied to it (no steps: the
+/// tile itself). A step is a unary op, an rms_norm or a target [`Fragment`].
+#[derive(Debug, Clone)]
+struct View {
+    base: usize,
+    t: Arc<Tpl>,
+}
+
+impl std::ops::Deref for View {
+    type Target = Tpl;
+    fn deref(&self) -> &Tpl {
+        &self.t
     }
 }
 
-fn moves(run: &Run, vocab: &Vocab, st: &BState) -> Vec<(BOp, BTile)> {
+/// A view without its base tile: what the steps compute from a value like the base's.
+#[derive(Debug, Clone)]
+struct Tpl {
+    base_abs: AbsVal,
+    base_sum: bool,
+    ops: Vec<VOp>,
+    steps: usize,
+    /// Ops charged against `max_block_ops` (a fragment counts as one).
+    charge: usize,
+    abs: AbsVal,
+    dims: Dims,
+    after: bool,
+    summable: bool,
+    /// Hash of the steps (part of the move key).
+    code: u64,
+}
+
+fn summable_of(kind: VKind, s: impl Fn(VSrc) -> bool) -> bool {
+    match kind {
+        VKind::Reduction(..) => true,
+        VKind::Unary(u, x) => s(x) && matches!(u, UnaryOp::Neg | UnaryOp::MulScalar(_)),
+        VKind::Binary(BinaryOp::Add | BinaryOp::Sub, a, b) => s(a) && s(b),
+        VKind::Binary(BinaryOp::Mul, a, b) => s(a) || s(b),
+        VKind::Binary(BinaryOp::Div, a, _) => s(a),
+        _ => false,
+    }
+}
+
+/// Apply one step (`Err` index: unary op, `Ok(None)`: rms_norm, `Ok(Some(f))`: fragment
+/// `f`) to `v`; `None` when an op is not known to the target or the dims do not fit.
+fn extend(
+    run: &Run,
+    vocab: &Vocab,
+    lb: &mut LookupBuilder<'_>,
+    v: &Tpl,
+    step: Result<Option<usize>, UnaryOp>,
+) -> Option<Tpl> {
+    let mut ops = v.ops.clone();
+    let src0 = if ops.is_empty() {
+        VSrc::Base
+    } else {
+        VSrc::Op(ops.len() - 1)
+    };
+    let val = |ops: &Vec<VOp>, s: VSrc| match s {
+        VSrc::Base => (v.base_abs, v.dims.clone(), v.base_sum),
+        VSrc::Op(k) => (ops[k].abs, ops[k].dims.clone(), ops[k].summable),
+    };
+    let mut push = |ops: &mut Vec<VOp>, kind: VKind| -> Option<VSrc> {
+        let (abs, dims) = match kind {
+            VKind::Unary(u, x) => {
+                let (a, d, _) = val(ops, x);
+                (lift_unary(lb, u, a), d)
+            }
+            VKind::RmsNorm(x) => {
+                let (a, d, _) = val(ops, x);
+                (lift_rms_norm(lb, a, None), d)
+            }
+            VKind::Binary(b, x, y) => {
+                let (a1, d1, _) = val(ops, x);
+                let (a2, d2, _) = val(ops, y);
+                (
+                    lift_binary(lb, b, a1, a2),
+                    broadcast_dims("", &d1, &d2).ok()?,
+                )
+            }
+            VKind::Reduction(x, d) => {
+                let (a, dd, _) = val(ops, x);
+                if d >= dd.len() || dd[d] <= 1 {
+                    return None;
+                }
+                (
+                    lb.target.lookup(super::expr::AbsNode::Sum(a)),
+                    keepdim_dims(&dd, d),
+                )
+            }
+        };
+        if abs.known().is_none() && run.cfg.prune {
+            run.count_pruned();
+            return None;
+        }
+        let summable = summable_of(kind, |s| val(ops, s).2);
+        ops.push(VOp {
+            kind,
+            step: v.steps,
+            abs,
+            dims,
+            summable,
+        });
+        Some(VSrc::Op(ops.len() - 1))
+    };
+    let (charge, code) = match step {
+        Err(u) => {
+            push(&mut ops, VKind::Unary(u, src0))?;
+            (1, param_code(u.name(), &u.params()))
+        }
+        Ok(None) => {
+            vocab.rms_eps?;
+            push(&mut ops, VKind::RmsNorm(src0))?;
+            (1, param_code("rms_norm", &[]))
+        }
+        Ok(Some(fi)) => {
+            let f = &vocab.fragments[fi];
+            let mut ids = vec![src0];
+            for fop in &f.ops {
+                let kind = match *fop {
+                    FOp::Unary(u, x) => VKind::Unary(u, ids[x]),
+                    FOp::Binary(b, x, y) => VKind::Binary(b, ids[x], ids[y]),
+                    FOp::Reduction(x, d) => VKind::Reduction(ids[x], d),
+                };
+                ids.push(push(&mut ops, kind)?);
+            }
+            (1, param_code("fragment", &[fi as f64]))
+        }
+    };
+    let last = ops.last()?;
+    if last.dims != v.dims {
+        return None;
+    }
+    Some(Tpl {
+        base_abs: v.base_abs,
+        base_sum: v.base_sum,
+        steps: v.steps + 1,
+        charge: v.charge + charge,
+        abs: last.abs,
+        dims: v.dims.clone(),
+        after: false,
+        summable: last.summable,
+        code: code
+            .wrapping_add(v.code.rotate_left(17))
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            | 1,
+        ops,
+    })
+}
+
+/// The operands moves may use. Unary ops, rms_norm and target fragments in the loop body
+/// are not moves of their own: they are steps folded into the operand that consumes them
+/// (elementwise chains are fused into their consumer by rule, ARCHITECTURE.md §3, and every
+/// body tile has a consumer), so the DFS is as deep as the program has other ops. Body
+/// tiles and inputs get every chain of known steps up to [`MAX_CHAIN`] long (1 without
+/// pruning); a value reachable two ways keeps the shorter (a tile itself first). After-loop
+/// tiles take unary ops and rms_norm as moves of their own, since an after-loop value may be
+/// an output that nothing consumes.
+fn views(
+    run: &Run,
+    vocab: &Vocab,
+    goal: Option<&Goal>,
+    st: &BState,
+    cache: &mut ViewCache,
+) -> Vec<View> {
+    let mut out: Vec<View> = (0..st.tiles.len())
+        .filter(|&t| !st.chained[t])
+        .map(|t| View {
+            base: t,
+            t: st.plain[t].clone(),
+        })
+        .collect();
+    let plain = out.len();
+    for bi in 0..plain {
+        if out[bi].after {
+            continue;
+        }
+        let key = (out[bi].abs, out[bi].dims.clone(), out[bi].summable);
+        let chains = cache
+            .entry(key)
+            .or_insert_with(|| chains(run, vocab, goal, &out[bi].t))
+            .clone();
+        for c in chains.iter() {
+            if out
+                .iter()
+                .any(|w| w.abs == c.abs && w.dims == c.dims && !w.after)
+            {
+                continue;
+            }
+            out.push(View {
+                base: out[bi].base,
+                t: c.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Chained views of values like `base` (by expression, dims and summability), shortest
+/// first; memoised per DFS task (`base` in the result is a placeholder).
+type ViewCache = std::collections::HashMap<(AbsVal, Dims, bool), Arc<Vec<Arc<Tpl>>>>;
+
+fn chains(run: &Run, vocab: &Vocab, goal: Option<&Goal>, base: &Tpl) -> Arc<Vec<Arc<Tpl>>> {
+    let in_goal = |abs: AbsVal| goal.map_or(true, |g| abs.known().is_some_and(|i| g.contains(&i)));
+    let max_chain = if run.cfg.prune { MAX_CHAIN } else { 1 };
+    let mut lb = LookupBuilder {
+        target: &run.target,
+    };
+    let mut steps: Vec<Result<Option<usize>, UnaryOp>> =
+        vocab.unary.iter().map(|&u| Err(u)).collect();
+    if vocab.rms_eps.is_some() {
+        steps.push(Ok(None));
+    }
+    steps.extend((0..vocab.fragments.len()).map(|f| Ok(Some(f))));
+    let mut out: Vec<Arc<Tpl>> = vec![];
+    let mut frontier: Vec<Tpl> = vec![base.clone()];
+    for _ in 0..max_chain {
+        let mut next = vec![];
+        for v in &frontier {
+            for &step in &steps {
+                let Some(nv) = extend(run, vocab, &mut lb, v, step) else {
+                    continue;
+                };
+                if nv.abs == base.abs
+                    || out.iter().any(|w| w.abs == nv.abs && w.dims == nv.dims)
+                    || !nv.ops.iter().all(|o| in_goal(o.abs))
+                {
+                    continue;
+                }
+                out.push(Arc::new(nv.clone()));
+                next.push(nv);
+            }
+        }
+        frontier = next;
+    }
+    Arc::new(out)
+}
+
+/// The tile of `v` once its ops exist: existing tiles with the same value are reused (from
+/// the state or already pending in `pre`), the missing ops are appended to `pre`. Returns
+/// the tile and the number of steps that had ops to add (each is charged as one op).
+fn resolve(st: &BState, pre: &mut Vec<(BOp, BTile)>, v: &View) -> (usize, usize) {
+    if v.ops.is_empty() {
+        return (v.base, 0);
+    }
     let n = st.tiles.len();
-    let last = st.ops.last().filter(|_| st.n_ops() > 0).cloned();
-    let last_tile = n - 1;
-    let mut cands: Vec<BOp> = vec![];
-    for a in 0..n {
-        for b in 0..n {
-            cands.push(BOp::Matmul(a, b));
-            for &op in &vocab.binary {
-                let commutative = matches!(op, BinaryOp::Add | BinaryOp::Mul);
-                if !commutative || a <= b {
-                    cands.push(BOp::Binary(op, a, b));
-                }
-            }
+    let find = |pre: &Vec<(BOp, BTile)>, o: &VOp| -> Option<usize> {
+        (0..n)
+            .find(|&t| st.tiles[t].abs == o.abs && st.tiles[t].dims == o.dims && !st.tiles[t].after)
+            .or_else(|| {
+                pre.iter()
+                    .position(|(_, t)| t.abs == o.abs && t.dims == o.dims)
+                    .map(|i| n + i)
+            })
+    };
+    // Ops needed: the last one, and (unless they exist) the operands of needed ops.
+    let k = v.ops.len();
+    let existing: Vec<Option<usize>> = v.ops.iter().map(|o| find(pre, o)).collect();
+    let mut needed = vec![false; k];
+    needed[k - 1] = true;
+    for i in (0..k).rev() {
+        if !needed[i] || existing[i].is_some() {
+            continue;
         }
-        for &op in &vocab.unary {
-            cands.push(BOp::Unary(op, a));
-        }
-        if vocab.reduction {
-            let r = st.tiles[a].dims.len();
-            for &fe in &vocab.reduction_dims_from_end {
-                if fe <= r && st.tiles[a].dims[r - fe] > 1 {
-                    cands.push(BOp::Reduction(a, r - fe));
-                }
-            }
-        }
-        if vocab.rms_eps.is_some() {
-            cands.push(BOp::RmsNorm(a));
-        }
-        if st.n_accum < run.cfg.max_accums && !st.tiles[a].after {
-            if st.tiles[a].summable {
-                cands.push(BOp::Accum(a, AccumKind::Iter));
-            }
-            cands.push(BOp::Accum(a, AccumKind::Sum));
-            if let Some(eps) = vocab.rms_eps {
-                cands.push(BOp::Accum(a, AccumKind::Rms { eps }));
+        let srcs = match v.ops[i].kind {
+            VKind::Unary(_, x) | VKind::Reduction(x, _) | VKind::RmsNorm(x) => vec![x],
+            VKind::Binary(_, x, y) => vec![x, y],
+        };
+        for s in srcs {
+            if let VSrc::Op(j) = s {
+                needed[j] = true;
             }
         }
     }
+    let mut ids: Vec<usize> = vec![usize::MAX; k];
+    let mut charged = vec![false; v.steps];
+    for i in 0..k {
+        if !needed[i] {
+            continue;
+        }
+        if let Some(t) = existing[i].or_else(|| find(pre, &v.ops[i])) {
+            ids[i] = t;
+            continue;
+        }
+        let id = |s: VSrc| match s {
+            VSrc::Base => v.base,
+            VSrc::Op(j) => ids[j],
+        };
+        let op = match v.ops[i].kind {
+            VKind::Unary(u, x) => BOp::Unary(u, id(x)),
+            VKind::Binary(b, x, y) => BOp::Binary(b, id(x), id(y)),
+            VKind::Reduction(x, d) => BOp::Reduction(id(x), d),
+            VKind::RmsNorm(x) => BOp::RmsNorm(id(x)),
+        };
+        let o = &v.ops[i];
+        pre.push((
+            op,
+            BTile {
+                abs: o.abs,
+                dims: o.dims.clone(),
+                after: false,
+                summable: o.summable,
+            },
+        ));
+        ids[i] = n + pre.len() - 1;
+        charged[o.step] = true;
+    }
+    (ids[k - 1], charged.iter().filter(|&&c| c).count())
+}
+
+/// A candidate main op over views (operands are view indices).
+#[derive(Clone, Copy)]
+enum Cand {
+    Matmul(usize, usize),
+    Binary(BinaryOp, usize, usize),
+    Unary(UnaryOp, usize),
+    Reduction(usize, usize),
+    RmsNorm(usize),
+    Accum(usize, AccumKind),
+}
+
+fn moves(
+    run: &Run,
+    vocab: &Vocab,
+    goal: Option<&Goal>,
+    st: &BState,
+    cache: &mut ViewCache,
+) -> Vec<BMove> {
+    let vs = views(run, vocab, goal, st, cache);
+    let in_goal = |abs: AbsVal| goal.map_or(true, |g| abs.known().is_some_and(|i| g.contains(&i)));
+    let mut cands: Vec<Cand> = vec![];
+    for a in 0..vs.len() {
+        for b in 0..vs.len() {
+            cands.push(Cand::Matmul(a, b));
+            for &op in &vocab.binary {
+                let commutative = matches!(op, BinaryOp::Add | BinaryOp::Mul);
+                if !commutative || a <= b {
+                    cands.push(Cand::Binary(op, a, b));
+                }
+            }
+        }
+        let va = &vs[a];
+        if va.after && va.steps == 0 {
+            for &op in &vocab.unary {
+                cands.push(Cand::Unary(op, a));
+            }
+            if vocab.rms_eps.is_some() {
+                cands.push(Cand::RmsNorm(a));
+            }
+        }
+        if vocab.reduction {
+            let r = va.dims.len();
+            for &fe in &vocab.reduction_dims_from_end {
+                if fe <= r && va.dims[r - fe] > 1 {
+                    cands.push(Cand::Reduction(a, r - fe));
+                }
+            }
+        }
+        if st.n_accum < run.cfg.max_accums && !va.after {
+            if va.summable {
+                cands.push(Cand::Accum(a, AccumKind::Iter));
+            }
+            cands.push(Cand::Accum(a, AccumKind::Sum));
+            if let Some(eps) = vocab.rms_eps {
+                cands.push(Cand::Accum(a, AccumKind::Rms { eps }));
+            }
+        }
+    }
+    let last = st.applied.last().map(|a| (a.key, a.main));
+    let left = run.cfg.max_block_ops.saturating_sub(st.charged);
     let mut out = vec![];
     let mut lb = LookupBuilder {
         target: &run.target,
     };
-    for op in cands {
-        let operands = op.operands();
-        if let Some(l) = &last {
-            if !operands.contains(&last_tile) && op.key() <= l.key() {
+    for c in cands {
+        let (arr, nops) = match c {
+            Cand::Matmul(a, b) | Cand::Binary(_, a, b) => ([a, b], 2),
+            Cand::Unary(_, a) | Cand::Reduction(a, _) | Cand::RmsNorm(a) | Cand::Accum(a, _) => {
+                ([a, a], 1)
+            }
+        };
+        let operands = &arr[..nops];
+        // Cheap shape checks first (the shape functions format their error messages).
+        match c {
+            Cand::Matmul(a, b) if !matmul_fits(&vs[a].dims, &vs[b].dims) => continue,
+            Cand::Binary(_, a, b) if !broadcast_fits(&vs[a].dims, &vs[b].dims) => continue,
+            _ => {}
+        }
+
+        let (code, param) = match c {
+            Cand::Matmul(..) => (1, 0),
+            Cand::Unary(op, _) => (2, param_code(op.name(), &op.params())),
+            Cand::Binary(op, ..) => (3, op as u64),
+            Cand::Reduction(_, d) => (4, d as u64),
+            Cand::RmsNorm(_) => (5, 0),
+            Cand::Accum(_, k) => (6, param_code(k.name().unwrap_or("iter"), &[])),
+        };
+        let ba = vs[operands[0]].base;
+        let bb = operands.get(1).map_or(0, |&o| vs[o].base);
+        let steps = operands
+            .iter()
+            .fold(0u64, |h, &o| h.rotate_left(29) ^ vs[o].code);
+        let key: Key = (ba.max(bb), code, ba, bb, param ^ steps);
+        if let Some((lk, lt)) = last {
+            if !operands.iter().any(|&o| vs[o].base == lt) && key <= lk {
                 continue;
             }
         }
-        let after = match &op {
-            BOp::Accum(..) => true,
-            _ => match phase_of(st, &operands) {
-                Some(p) => p,
-                None => continue,
-            },
+        // Phase: accumulators end the loop; other ops must not mix body and after-loop tiles
+        // (inputs without steps go either way).
+        let is_body = |v: &View| !(v.after || v.steps == 0 && st.is_input(v.base));
+        let after = match c {
+            Cand::Accum(..) => true,
+            _ => {
+                let aft = operands.iter().any(|&o| vs[o].after);
+                let body = operands.iter().any(|&o| is_body(&vs[o]));
+                if aft && body {
+                    continue;
+                }
+                aft
+            }
         };
-        let t = |i: usize| &st.tiles[i];
-        let (abs, dims) = match op {
-            BOp::Input(_) => continue,
-            BOp::Matmul(a, b) => match matmul_dims("", &t(a).dims, &t(b).dims) {
-                Ok(d) => (lift_matmul(&mut lb, t(a).abs, t(b).abs), d),
+        let v = |i: usize| &vs[i];
+        let (abs, dims) = match c {
+            Cand::Matmul(a, b) => match matmul_dims("", &v(a).dims, &v(b).dims) {
+                Ok(d) => (lift_matmul(&mut lb, v(a).abs, v(b).abs), d),
                 Err(_) => continue,
             },
-            BOp::Binary(op, a, b) => match broadcast_dims("", &t(a).dims, &t(b).dims) {
-                Ok(d) => (lift_binary(&mut lb, op, t(a).abs, t(b).abs), d),
+            Cand::Binary(op, a, b) => match broadcast_dims("", &v(a).dims, &v(b).dims) {
+                Ok(d) => (lift_binary(&mut lb, op, v(a).abs, v(b).abs), d),
                 Err(_) => continue,
             },
-            BOp::Unary(op, x) => (lift_unary(&mut lb, op, t(x).abs), t(x).dims.clone()),
-            BOp::Reduction(x, d) => (
-                lb.target.lookup(super::expr::AbsNode::Sum(t(x).abs)),
-                keepdim_dims(&t(x).dims, d),
+            Cand::Unary(op, x) => (lift_unary(&mut lb, op, v(x).abs), v(x).dims.clone()),
+            Cand::Reduction(x, d) => (
+                lb.target.lookup(super::expr::AbsNode::Sum(v(x).abs)),
+                keepdim_dims(&v(x).dims, d),
             ),
-            BOp::RmsNorm(x) => (lift_rms_norm(&mut lb, t(x).abs, None), t(x).dims.clone()),
-            BOp::Accum(x, kind) => {
-                let mut d = t(x).dims.clone();
+            Cand::RmsNorm(x) => (lift_rms_norm(&mut lb, v(x).abs, None), v(x).dims.clone()),
+            Cand::Accum(x, kind) => {
+                let mut d = v(x).dims.clone();
                 if !matches!(kind, AccumKind::Iter) {
                     let r = d.len() - 1;
                     d[r] = 1;
                 }
-                (lift_accum(&mut lb, kind, t(x).abs), d)
+                (lift_accum(&mut lb, kind, v(x).abs), d)
             }
         };
-        if abs.known().is_none() && run.cfg.prune {
+        if abs.known().is_none() && run.cfg.prune || !in_goal(abs) {
             run.count_pruned();
             continue;
         }
@@ -377,23 +958,63 @@ fn moves(run: &Run, vocab: &Vocab, st: &BState) -> Vec<(BOp, BTile)> {
         {
             continue;
         }
-        let summable = match op {
-            BOp::Matmul(..) | BOp::Reduction(..) => true,
-            BOp::Unary(u, x) => t(x).summable && matches!(u, UnaryOp::Neg | UnaryOp::MulScalar(_)),
-            BOp::Binary(BinaryOp::Add | BinaryOp::Sub, a, b) => t(a).summable && t(b).summable,
-            BOp::Binary(BinaryOp::Mul, a, b) => t(a).summable || t(b).summable,
-            BOp::Binary(BinaryOp::Div, a, _) => t(a).summable,
+        let summable = match c {
+            Cand::Matmul(..) | Cand::Reduction(..) => true,
+            Cand::Unary(u, x) => v(x).summable && matches!(u, UnaryOp::Neg | UnaryOp::MulScalar(_)),
+            Cand::Binary(BinaryOp::Add | BinaryOp::Sub, a, b) => v(a).summable && v(b).summable,
+            Cand::Binary(BinaryOp::Mul, a, b) => v(a).summable || v(b).summable,
+            Cand::Binary(BinaryOp::Div, a, _) => v(a).summable,
             _ => false,
         } && !after;
-        out.push((
+        let mut pre = vec![];
+        let mut charge = 1;
+        let mut ids: Vec<usize> = vec![];
+        for &o in operands {
+            let (id, c) = resolve(st, &mut pre, &vs[o]);
+            ids.push(id);
+            charge += c;
+        }
+        if charge > left {
+            continue;
+        }
+        if pre
+            .iter()
+            .any(|(_, t)| t.abs == abs && t.dims == dims && t.after == after)
+        {
+            continue;
+        }
+        let op = match c {
+            Cand::Matmul(..) => BOp::Matmul(ids[0], ids[1]),
+            Cand::Binary(op, ..) => BOp::Binary(op, ids[0], ids[1]),
+            Cand::Unary(op, _) => BOp::Unary(op, ids[0]),
+            Cand::Reduction(_, d) => BOp::Reduction(ids[0], d),
+            Cand::RmsNorm(_) => BOp::RmsNorm(ids[0]),
+            Cand::Accum(_, k) => BOp::Accum(ids[0], k),
+        };
+        out.push(BMove {
+            pre,
             op,
-            BTile {
+            tile: BTile {
                 abs,
                 dims,
                 after,
                 summable,
             },
-        ));
+            key,
+            charge,
+        });
     }
     out
+}
+
+/// Could `matmul_dims` accept these operands? (Checked before calling it: it formats its
+/// error messages, and the search asks millions of times.)
+fn matmul_fits(a: &[usize], b: &[usize]) -> bool {
+    let r = a.len();
+    r >= 2 && b.len() == r && a[..r - 2] == b[..r - 2] && a[r - 1] == b[r - 2]
+}
+
+/// Could `broadcast_dims` accept these operands? (Equal-rank size-1 broadcasting.)
+fn broadcast_fits(a: &[usize], b: &[usize]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x == y || x == 1 || y == 1)
 }

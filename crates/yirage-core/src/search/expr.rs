@@ -32,10 +32,9 @@
 //! becoming equivalent to `x·sum(1)`-like nonsense and keeps pruning sharp.
 
 use egg::{
-    define_language, rewrite as rw, Analysis, DidMerge, EGraph, Id, RecExpr, Rewrite, Runner,
-    Symbol,
+    define_language, rewrite as rw, Analysis, DidMerge, EGraph, Id, Language, RecExpr, Rewrite,
+    Runner, Symbol,
 };
-use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
@@ -138,6 +137,9 @@ impl AbsVal {
 /// The saturated target: e-graph, output classes and saturation statistics.
 pub struct TargetExprs {
     egraph: AbsGraph,
+    /// The e-class of every symbol leaf, by name (looked up without interning: the
+    /// search asks millions of times, and interning takes a global lock).
+    syms: std::collections::HashMap<String, Id>,
     /// Canonical e-class of each target output.
     pub outputs: Vec<Id>,
     /// E-graph size after saturation (for the report / tests).
@@ -165,7 +167,7 @@ pub trait AbsBuilder {
 }
 
 /// A node before its children are resolved to ids (so one mapping serves every builder).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Hash)]
 pub enum AbsNode<H> {
     Sym(String),
     Add(H, H),
@@ -220,8 +222,28 @@ pub struct LookupBuilder<'a> {
     pub target: &'a TargetExprs,
 }
 
+/// A fast non-cryptographic hasher (FxHash's mixing) for the values of unknown terms: the
+/// search computes one for every pruned op (tens of millions), so SipHash shows up.
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 fn unknown_hash<T: Hash>(tag: &str, t: &T) -> u64 {
-    let mut h = DefaultHasher::new();
+    let mut h = FxHasher(0);
     tag.hash(&mut h);
     t.hash(&mut h);
     h.finish()
@@ -276,7 +298,16 @@ impl TargetExprs {
             .run(&rules());
         let egraph = runner.egraph;
         let outs = roots.iter().map(|&r| egraph.find(r)).collect();
+        let mut syms = std::collections::HashMap::new();
+        for c in egraph.classes() {
+            for n in &c.nodes {
+                if let Abs::Sym(s) = n {
+                    syms.insert(s.as_str().to_string(), c.id);
+                }
+            }
+        }
         TargetExprs {
+            syms,
             nodes: egraph.total_number_of_nodes(),
             classes: egraph.number_of_classes(),
             egraph,
@@ -298,16 +329,21 @@ impl TargetExprs {
     }
 
     fn sym(&self, s: &str) -> Option<Id> {
-        self.egraph.lookup(Abs::Sym(Symbol::from(s)))
+        self.syms.get(s).map(|&i| self.egraph.find(i))
     }
 
     /// Look a node up; any unknown child (or an unknown node) gives an `Unknown` value.
     pub fn lookup(&self, n: AbsNode<AbsVal>) -> AbsVal {
-        let fallback = unknown_hash("abs", &format!("{n:?}"));
+        if let AbsNode::Sym(s) = &n {
+            return match self.sym(s) {
+                Some(id) => AbsVal::Known(id),
+                None => AbsVal::Unknown(unknown_hash("abs", &n)),
+            };
+        }
         let k = |v: AbsVal| v.known();
         let node: Option<Abs> = (|| {
             Some(match &n {
-                AbsNode::Sym(s) => Abs::Sym(Symbol::from(s.as_str())),
+                AbsNode::Sym(_) => return None,
                 AbsNode::Add(a, b) => Abs::Add([k(*a)?, k(*b)?]),
                 AbsNode::Mul(a, b) => Abs::Mul([k(*a)?, k(*b)?]),
                 AbsNode::Div(a, b) => Abs::Div([k(*a)?, k(*b)?]),
@@ -330,8 +366,75 @@ impl TargetExprs {
         })();
         match node.and_then(|n| self.egraph.lookup(n)) {
             Some(id) => AbsVal::Known(self.egraph.find(id)),
-            None => AbsVal::Unknown(fallback),
+            None => AbsVal::Unknown(unknown_hash("abs", &n)),
         }
+    }
+
+    /// The classes a program that computes a target output from values of the classes
+    /// `avail` (and constants) can ever hold, or `None` when no target output can be built
+    /// from them. A class is *derivable* when one of its e-nodes has derivable children
+    /// (input symbols `in<k>` only through `avail`); a program's every value is derivable,
+    /// and when all its values feed its outputs (the last op of a kernel graph), each lies
+    /// below a derivable target output through derivable e-nodes — the returned set.
+    pub fn goal_classes(&self, avail: &[AbsVal]) -> Option<std::collections::HashSet<Id>> {
+        use std::collections::HashSet;
+        let eg = &self.egraph;
+        let is_input = |s: &Symbol| {
+            let t = s.as_str();
+            t.len() > 2 && t.starts_with("in") && t[2..].bytes().all(|b| b.is_ascii_digit())
+        };
+        let mut d: HashSet<Id> = avail
+            .iter()
+            .filter_map(|v| v.known())
+            .map(|i| eg.find(i))
+            .collect();
+        for c in eg.classes() {
+            if c.nodes
+                .iter()
+                .any(|n| matches!(n, Abs::Sym(s) if !is_input(s)))
+            {
+                d.insert(c.id);
+            }
+        }
+        let derivable = |n: &Abs, d: &HashSet<Id>| {
+            !matches!(n, Abs::Sym(_)) && n.children().iter().all(|ch| d.contains(&eg.find(*ch)))
+        };
+        loop {
+            let mut grown = false;
+            for c in eg.classes() {
+                if !d.contains(&c.id) && c.nodes.iter().any(|n| derivable(n, &d)) {
+                    d.insert(c.id);
+                    grown = true;
+                }
+            }
+            if !grown {
+                break;
+            }
+        }
+        let mut m: HashSet<Id> = HashSet::new();
+        let mut stack: Vec<Id> = self
+            .outputs
+            .iter()
+            .copied()
+            .filter(|o| d.contains(o))
+            .collect();
+        if stack.is_empty() {
+            return None;
+        }
+        m.extend(stack.iter().copied());
+        while let Some(c) = stack.pop() {
+            for n in &eg[c].nodes {
+                if derivable(n, &d) {
+                    for ch in n.children() {
+                        let ch = eg.find(*ch);
+                        if m.insert(ch) {
+                            stack.push(ch);
+                        }
+                    }
+                }
+            }
+        }
+        Some(m)
     }
 
     /// Number of e-nodes whose operator is `op` (debug/tests).

@@ -106,7 +106,10 @@ pub struct Skeleton {
 /// Output-dims groups kept per abstract program.
 pub const MAX_GROUPS: usize = 4;
 
-type MemoKey = Vec<(AbsVal, Dims, Option<(usize, usize)>, DType, usize)>;
+type MemoKey = (
+    Vec<(AbsVal, Dims, Option<(usize, usize)>, DType, usize)>,
+    bool,
+);
 type Programs = Arc<Vec<(Arc<BlockProgram>, Vec<Arc<Group>>)>>;
 
 /// Shared per-search memo of block-level results, keyed by the inputs' signature.
@@ -125,11 +128,20 @@ impl Memo {
     }
 }
 
-fn programs_for(run: &Run, vocab: &Vocab, memo: &Memo, ins: &[KIn]) -> Programs {
-    let key: MemoKey = ins
-        .iter()
-        .map(|k| (k.abs, k.dims.clone(), k.chunks, k.dtype, k.elem_bytes))
-        .collect();
+fn programs_for(
+    run: &Run,
+    vocab: &Vocab,
+    memo: &Memo,
+    ins: &[KIn],
+    last: bool,
+    goal: Option<&super::block::Goal>,
+) -> Programs {
+    let key: MemoKey = (
+        ins.iter()
+            .map(|k| (k.abs, k.dims.clone(), k.chunks, k.dtype, k.elem_bytes))
+            .collect(),
+        last,
+    );
     if let Ok(m) = memo.map.lock() {
         if let Some(v) = m.get(&key) {
             return v.clone();
@@ -137,7 +149,7 @@ fn programs_for(run: &Run, vocab: &Vocab, memo: &Memo, ins: &[KIn]) -> Programs 
     }
     // Computed without holding the lock (a duplicate computation by a racing thread is
     // harmless; blocking here could deadlock rayon's work stealing).
-    let progs = enumerate(run, vocab, ins);
+    let progs = enumerate(run, vocab, ins, last, goal);
     let eps = vocab.rms_eps.unwrap_or(super::DEFAULT_RMS_EPS);
     let v: Vec<(Arc<BlockProgram>, Vec<Arc<Group>>)> = progs
         .into_par_iter()
@@ -336,6 +348,27 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
     let n = st.tensors.len();
     let t = |i: usize| &st.tensors[i];
     let plain = |i: usize| st.tensors[i].chunks.is_none();
+    // The last op of the budget must make the state complete: it must read every produced
+    // tensor nothing reads yet (unless that tensor is a target output itself) and its own
+    // outputs must be target outputs.
+    let last_op = st.ops.len() + 1 >= run.cfg.max_kernel_ops;
+    let is_target_output =
+        |abs: AbsVal| (0..run.target.outputs.len()).any(|k| run.target.is_output(abs, k));
+    let mut read = vec![false; n];
+    for (op, _) in &st.ops {
+        for a in op.operands() {
+            read[a] = true;
+        }
+    }
+    let required: Vec<usize> = (st.n_inputs..n)
+        .filter(|&i| {
+            let output = t(i).chunks.is_none()
+                && is_target_output(t(i).abs)
+                && run.target_output_dims.contains(&t(i).dims);
+            !(read[i] || output)
+        })
+        .collect();
+    let covers = |ops: &[usize]| !last_op || required.iter().all(|r| ops.contains(r));
     let mut lb = LookupBuilder {
         target: &run.target,
     };
@@ -437,6 +470,9 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
         if !canonical(&op.operands(), &key) {
             continue;
         }
+        if last_op && (!covers(&op.operands()) || !is_target_output(abs)) {
+            continue;
+        }
         if run.cfg.prune && abs.known().is_none() {
             run.count_pruned();
             continue;
@@ -465,6 +501,25 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
             if run.cfg.prune && set.iter().any(|&i| t(i).abs.known().is_none()) {
                 continue;
             }
+            if !covers(&set) {
+                continue;
+            }
+            // The last op: only subsets a target output can be computed from, using each.
+            let goal = if last_op && run.cfg.prune {
+                let avail: Vec<AbsVal> = set.iter().map(|&i| t(i).abs).collect();
+                let Some(g) = run.target.goal_classes(&avail) else {
+                    continue;
+                };
+                if !avail
+                    .iter()
+                    .all(|a| a.known().is_some_and(|i| g.contains(&i)))
+                {
+                    continue;
+                }
+                Some(g)
+            } else {
+                None
+            };
             let key0: MoveKey = (set.iter().copied().max().unwrap_or(0), 10, set.clone(), 0);
             // Canonical check on the op class first (parameters only break ties).
             if let Some(lk) = last_key {
@@ -488,7 +543,7 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
                     elem_bytes: t(i).elem_bytes,
                 })
                 .collect();
-            let progs = programs_for(run, vocab, memo, &ins);
+            let progs = programs_for(run, vocab, memo, &ins, last_op, goal.as_ref());
             for (pi, (prog, groups)) in progs.iter().enumerate() {
                 for (gi, group) in groups.iter().enumerate() {
                     let key: MoveKey = (key0.0, 10, set.clone(), ((pi as u64) << 16) | gi as u64);

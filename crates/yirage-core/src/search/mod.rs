@@ -104,7 +104,7 @@ impl Default for SearchConfig {
             max_kernel_ops: 4,
             max_custom_ops: 2,
             max_custom_inputs: 4,
-            max_block_ops: 8,
+            max_block_ops: 9,
             max_accums: 4,
             max_concretisations: 20_000,
             max_verify: 48,
@@ -134,8 +134,10 @@ impl SearchConfig {
         match self.preset.as_deref() {
             None => {}
             Some("attention") => {
+                // 9: QK-norm attention's one-kernel form (rms_norm(Q), K's norm fragment,
+                // matmul, mul_scalar, exp, matmul, two accumulators, div).
                 self.max_kernel_ops = self.max_kernel_ops.min(2);
-                self.max_block_ops = self.max_block_ops.min(7);
+                self.max_block_ops = self.max_block_ops.min(9);
             }
             Some("mlp") | Some("lora") => {
                 self.max_kernel_ops = self.max_kernel_ops.min(2);
@@ -345,6 +347,8 @@ pub struct Vocab {
     pub rms_norms: Vec<(Dims, bool, f64)>,
     pub softmax_dims: Vec<usize>,
     pub unsupported: Vec<String>,
+    /// Single-source elementwise/reduction sub-DAGs of the target ([`block::Fragment`]).
+    pub fragments: Vec<block::Fragment>,
 }
 
 impl Vocab {
@@ -437,6 +441,7 @@ impl Vocab {
             }
         }
         v.unsupported.dedup();
+        v.fragments = block::fragments(g);
         v
     }
 }

@@ -401,3 +401,71 @@ fn many_inputs_do_not_blow_up() {
     assert!(t.elapsed().as_secs_f64() < 30.0);
     assert!(r.candidates.iter().any(|c| c.baseline));
 }
+
+/// GQA decode with QK-norm in the workloads' layout: `rms_norm(Q)` over d, `Kt` divided by
+/// `sqrt(mean over d of Kt²)` (d is Kt's dim -2), then `softmax(Qn·Kn/√d)·V`.
+pub(crate) fn qknorm_attention(b: i64, g: i64, d: i64, kv: i64) -> KernelGraph {
+    let mut g_ = KernelGraph::new();
+    let q = g_.new_input(&[b, g, d], DType::F32).unwrap();
+    let kt = g_.new_input(&[b, d, kv], DType::F32).unwrap();
+    let v = g_.new_input(&[b, kv, d], DType::F32).unwrap();
+    let qn = g_.rms_norm(q, &[d], None, 1e-6).unwrap();
+    let sq = g_.unary(UnaryOp::Square, kt).unwrap();
+    let ss = g_.reduction(sq, 1).unwrap();
+    let ms = g_.unary(UnaryOp::MulScalar(1.0 / d as f64), ss).unwrap();
+    let kr = g_.unary(UnaryOp::Sqrt, ms).unwrap();
+    let kn = g_.binary(BinaryOp::Div, kt, kr).unwrap();
+    let s = g_.matmul(qn, kn).unwrap();
+    let s = g_
+        .unary(UnaryOp::MulScalar(1.0 / (d as f64).sqrt()), s)
+        .unwrap();
+    let p = g_.softmax(s, -1).unwrap();
+    let o = g_.matmul(p, v).unwrap();
+    g_.mark_output(o).unwrap();
+    g_
+}
+
+#[test]
+fn finds_one_kernel_qknorm_attention() {
+    // The K norm reduces over Kt's dim -2, which a K tile holding all of d has whole: one
+    // kernel walks the kv tiles, normalising Q (loaded once) and each K tile in the block.
+    let target = qknorm_attention(2, 4, 64, 512);
+    let mut c = SearchConfig {
+        preset: Some("attention".into()),
+        ..cfg()
+    };
+    c.apply_preset().unwrap();
+    let spec = DeviceSpec {
+        shared_mem_per_block: 128 * 1024,
+        ..DeviceSpec::cpu2()
+    };
+    let r = run(&target, &spec, &c);
+    assert_eq!(r.report.stop_reason, "exhausted");
+    let best = &r.candidates[0];
+    assert!(!best.baseline, "{}", best.label);
+    assert_eq!(non_input_ops(&best.graph), 1, "one kernel: {}", best.label);
+    let bg = customized(&best.graph)[0];
+    assert!(bg.forloop_range() > 1);
+    assert!(bg
+        .ops()
+        .iter()
+        .any(|o| matches!(o, BlockOpKind::RmsNorm { .. })));
+    assert!(bg
+        .ops()
+        .iter()
+        .any(|o| matches!(o, BlockOpKind::Reduction { .. })));
+    check_numerics(&target, &best.graph);
+    let plan = best.kernel_plan(&spec).unwrap();
+    assert_eq!(plan.kernels.len(), 1);
+    assert_eq!(plan.kernels[0].kind(), "generated");
+}
+
+#[test]
+fn fragments_of_qknorm() {
+    // K's normalisation is the one single-source fragment; rms_norm(Q) and unary chains
+    // are steps of their own.
+    let f = block::fragments(&qknorm_attention(2, 4, 64, 512));
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].ops.len(), 5);
+    assert!(block::fragments(&gated_mlp(8, 64, 64)).is_empty());
+}

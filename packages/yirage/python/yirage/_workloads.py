@@ -95,7 +95,10 @@ class Workload:
         import torch
 
         tdt = getattr(torch, dt.name)
-        return [torch.from_numpy(a).to(device=device, dtype=tdt) for a in arrays]
+        # copy=True: tensors in torch's own (64-byte aligned) CPU memory, as a model's tensors
+        # are, not views of numpy's 16-byte aligned buffers (a CPU kernel streaming a
+        # misaligned weight splits every 64-byte vector load across two cache lines).
+        return [torch.from_numpy(a).to(device=device, dtype=tdt, copy=True) for a in arrays]
 
     def reference(self, *tensors: Any) -> list[Any]:
         """The workload in PyTorch eager (same inputs and outputs as the graph)."""
