@@ -493,3 +493,12 @@ def test_cuda_bench_smoke(tmp_path: Path) -> None:
     assert row["timing"] == "cudagraph"
     assert set(row["times_us"]["yirage"]) == {"events", "cudagraph"}
     assert row["expert_us"] > 0 and row["max_rel_err"] < 1e-2
+
+
+def test_expert_of_a_workload_without_one_is_a_yirage_error() -> None:
+    from yirage._workloads import get_workload
+
+    w = get_workload("rmsnorm_linear")
+    assert not w.has_expert
+    with pytest.raises(yr.YirageError, match="has no expert kernel"):
+        w.expert()

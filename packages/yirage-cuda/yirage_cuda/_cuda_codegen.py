@@ -257,22 +257,12 @@ class _CudaKernelPrinter:
         for i, g in enumerate(k.safe_softmax):
             for a in g.accums:
                 self.groups_of_acc.setdefault(a, []).append(i)
-        self.invariant = self._invariant_ops()
+        self.invariant = self.k.invariant_ops()
         self.mma_dtype = plan.compute_dtype if opts.use_mma and plan.compute_dtype in _MMA else None
         self.group_m: dict[int, _Slot] = {}
         self.group_alpha: dict[int, _Slot] = {}
         self.group_rows: dict[int, tuple[int, ...]] = {}
         self.group_running: dict[int, bool] = {}
-
-    def _invariant_ops(self) -> set[int]:
-        inv: set[int] = set()
-        for o in self.k.ops:
-            if o.op == "input":
-                if not self.k.inputs[o.attr("input")].uses_iter():
-                    inv.add(o.id)
-            elif o.phase in ("pre", "loop") and all(a in inv for a in o.args):
-                inv.add(o.id)
-        return inv
 
     # -- slots ------------------------------------------------------------------------------------
     def slot_for(self, o: TileOp, kind: str = "f32", numel: int | None = None) -> _Slot:

@@ -183,6 +183,18 @@ class GeneratedKernel:
     def consumers(self, op_id: int) -> list[TileOp]:
         return [o for o in self.ops if op_id in o.args]
 
+    def invariant_ops(self) -> set[int]:
+        """Ops whose value is the same in every iteration (printers hoist them before the
+        loop): loads that do not walk the loop and pre/loop ops of invariant operands."""
+        inv: set[int] = set()
+        for o in self.ops:
+            if o.op == "input":
+                if not self.inputs[o.attr("input")].uses_iter():
+                    inv.add(o.id)
+            elif o.phase in ("pre", "loop") and all(a in inv for a in o.args):
+                inv.add(o.id)
+        return inv
+
 
 @dataclass(frozen=True)
 class Plan:

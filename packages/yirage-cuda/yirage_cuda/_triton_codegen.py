@@ -228,7 +228,7 @@ class _KernelPrinter:
         for acc in (*k.inputs, *k.outputs):
             if acc.buffer not in self.params:
                 self.params.append(acc.buffer)
-        self.invariant = self._invariant_ops()
+        self.invariant = self.k.invariant_ops()
         self.fused: dict[int, int] = {}  # accum id -> matmul id fused into tl.dot(a, b, acc)
         for o in k.ops:
             if o.op == "accum" and o.attr("acc") == "iter":
@@ -251,17 +251,6 @@ class _KernelPrinter:
     def fresh(self, prefix: str = "v") -> str:
         self.tmp += 1
         return f"{prefix}{self.tmp}"
-
-    def _invariant_ops(self) -> set[int]:
-        """Ops whose value is the same in every iteration (hoisted before the loop)."""
-        inv: set[int] = set()
-        for o in self.k.ops:
-            if o.op == "input":
-                if not self.k.inputs[o.attr("input")].uses_iter():
-                    inv.add(o.id)
-            elif o.phase in ("pre", "loop") and all(a in inv for a in o.args):
-                inv.add(o.id)
-        return inv
 
     def _check_groups(self) -> None:
         order = {o.id: i for i, o in enumerate(self.k.ops)}

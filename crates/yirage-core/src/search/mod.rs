@@ -850,24 +850,7 @@ fn search_in_pool(
         ));
     }
 
-    // Baseline.
-    match lower(target, spec) {
-        Ok(_) => verified.push(Candidate {
-            graph: target.clone(),
-            predicted_us: graph_cost(target, spec)?,
-            hash: target_hash,
-            label: "baseline: the original graph as library kernels".into(),
-            baseline: true,
-        }),
-        Err(e) => notes.push(format!(
-            "the original graph does not lower on this device: {e}"
-        )),
-    }
-    verified.sort_by(|a, b| {
-        a.predicted_us
-            .total_cmp(&b.predicted_us)
-            .then(a.hash.cmp(&b.hash))
-    });
+    add_baseline_and_rank(target, spec, target_hash, &mut verified, &mut notes)?;
 
     let n_fused = verified.iter().filter(|c| !c.baseline).count();
     let fused_found = skeletons.iter().any(|sk| {
@@ -939,3 +922,32 @@ fn search_in_pool(
 
 #[cfg(test)]
 mod tests;
+
+/// Add the original graph as the labelled library baseline (when it lowers on `spec`) and
+/// order the candidates best predicted first (ties by hash, so the order is deterministic).
+pub(crate) fn add_baseline_and_rank(
+    target: &KernelGraph,
+    spec: &DeviceSpec,
+    target_hash: String,
+    verified: &mut Vec<Candidate>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    match lower(target, spec) {
+        Ok(_) => verified.push(Candidate {
+            graph: target.clone(),
+            predicted_us: graph_cost(target, spec)?,
+            hash: target_hash,
+            label: "baseline: the original graph as library kernels".into(),
+            baseline: true,
+        }),
+        Err(e) => notes.push(format!(
+            "the original graph does not lower on this device: {e}"
+        )),
+    }
+    verified.sort_by(|a, b| {
+        a.predicted_us
+            .total_cmp(&b.predicted_us)
+            .then(a.hash.cmp(&b.hash))
+    });
+    Ok(())
+}

@@ -11,7 +11,7 @@
 //! target with a multi-rank fingerprint before it is returned; the target as library
 //! kernels is the baseline, as for every search.
 
-use super::{graph_cost, search_in_pool, Candidate, SearchResult};
+use super::{add_baseline_and_rank, graph_cost, search_in_pool, Candidate, SearchResult};
 use crate::cost::DeviceSpec;
 use crate::error::{CoreError, Result};
 use crate::fingerprint::fingerprint;
@@ -331,23 +331,7 @@ pub(super) fn search_split(
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
-    match lower(target, spec) {
-        Ok(_) => verified.push(Candidate {
-            graph: target.clone(),
-            predicted_us: graph_cost(target, spec)?,
-            hash: target_hash,
-            label: "baseline: the original graph as library kernels".into(),
-            baseline: true,
-        }),
-        Err(e) => notes.push(format!(
-            "the original graph does not lower on this device: {e}"
-        )),
-    }
-    verified.sort_by(|a, b| {
-        a.predicted_us
-            .total_cmp(&b.predicted_us)
-            .then(a.hash.cmp(&b.hash))
-    });
+    add_baseline_and_rank(target, spec, target_hash, &mut verified, &mut notes)?;
     let n_fused = verified.iter().filter(|c| !c.baseline).count();
     let limit = stop_reasons
         .iter()

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from yirage._dtypes import DType, float16, float32
+from yirage._errors import YirageError
 from yirage._graph import KernelGraph, new_kernel_graph
 
 __all__ = ["WORKLOADS", "Workload", "get_workload", "workload_names"]
@@ -111,7 +112,9 @@ class Workload:
     def expert(self, *tensors: Any) -> list[Any]:
         """A hand-written expert kernel (e.g. SDPA for attention)."""
         if self._expert is None:
-            raise NotImplementedError(f"workload {self.name!r} has no expert kernel")
+            raise YirageError(
+                f"workload {self.name!r} has no expert kernel (check Workload.has_expert first)"
+            )
         return self._expert(*tensors)
 
 
