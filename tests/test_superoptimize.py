@@ -389,3 +389,36 @@ def test_save_load_round_trip_with_the_real_search(tmp_path: Path) -> None:
     k2 = load_kernel(k.save(tmp_path / "gqa"))
     ins = w.inputs("cpu", seed=1, numpy=True)
     np.testing.assert_array_equal(k(*ins)[0], k2(*ins)[0])
+
+
+def test_near_duplicate_candidates_are_profiled_once() -> None:
+    """Same kernels (grid, loop) and the same predicted time: one spelling is profiled and the
+    budget goes to the next distinct tiling; the baseline always stays."""
+    c = SimpleNamespace
+    dup = "custom[grid=16x1x1 loop=32: matmul,exp,matmul,reduction,accum_iter,accum_iter,div]"
+    cands = [
+        c(
+            label="custom[grid=16x1x1 loop=32: matmul,exp,matmul,accum_sum,accum_iter,div]",
+            predicted_us=16.474847,
+            baseline=False,
+        ),
+        c(label=dup, predicted_us=16.474973, baseline=False),
+        c(
+            label="custom[grid=16x1x1 loop=16: matmul,exp,matmul,accum_sum,accum_iter,div]",
+            predicted_us=16.85,
+            baseline=False,
+        ),
+        c(
+            label="custom[grid=8x1x1 loop=32: matmul,exp,matmul,accum_sum,accum_iter,div]",
+            predicted_us=16.474847,
+            baseline=False,
+        ),
+        c(label="baseline", predicted_us=20.0, baseline=True),
+    ]
+    chosen = _superoptimize._to_profile(cands, top_k=3)
+    assert [x.predicted_us for x in chosen] == [16.474847, 16.85, 16.474847, 20.0]
+    assert dup not in [x.label for x in chosen]
+    # a different prediction for the same kernels is a different tiling: kept
+    cands[1].predicted_us = 17.0
+    assert len(_superoptimize._to_profile(cands, top_k=3)) == 4
+    assert _superoptimize._to_profile(cands, top_k=3)[1].label == dup

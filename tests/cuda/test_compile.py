@@ -68,6 +68,19 @@ def test_nvrtc_errors_carry_the_log() -> None:
     assert "undefined_thing" in str(err.value)
 
 
+@needs_nvrtc
+def test_nvrtc_output_buffers_are_not_shared_objects() -> None:
+    """A kernel that compiles without warnings has a 1-byte log; NVRTC writes its NUL into
+    the buffer we pass, which must not be CPython's shared ``b" "`` (that corrupted every
+    later one-byte space in the process, e.g. print's separator)."""
+    for _ in range(2):
+        _toolchain._nvrtc_compile(
+            'extern "C" __global__ void k(float* x) { x[0] = 1.f; }', "sm_90", "k"
+        )
+    # compare code points: a corrupted singleton would compare equal to itself
+    assert "a b".encode("ascii")[1] == 32 and bytes([32])[0] == 32
+
+
 def test_cuda_printer_refuses_tiles_beyond_shared_memory() -> None:
     case = plans.rmsnorm_linear(b=8, h=4096, n=6144, tn=1024, tk=512, dtype="float16")
     with pytest.raises(CodegenError, match="shared memory"):

@@ -112,3 +112,55 @@ def test_loop_split_heuristic() -> None:
     # a cap on the split, and only splits that divide the loop
     assert loop_split(k, sm_count=10**6, max_split=4) == 4
     assert loop_split(k, sm_count=10**6, max_split=1024) == k.forloop_range
+
+
+def _kernels_table(text: str) -> dict[str, dict[str, Any]]:
+    import ast
+
+    line = next(x for x in text.splitlines() if x.startswith("KERNELS = "))
+    table: dict[str, dict[str, Any]] = ast.literal_eval(line.removeprefix("KERNELS = "))
+    return table
+
+
+def test_split_pipeline_depth() -> None:
+    """A split part kernel is never pipelined deeper than its share of the loop, and by
+    default shallow enough for two blocks per SM; the deep printing keeps more stages."""
+    from yirage_cuda._plan import parse_plan
+    from yirage_cuda._triton_codegen import DEEP_STAGES, TritonOptions, generate_triton
+
+    case = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=128, dtype="float16")
+    (k,) = parse_plan(case.plan).generated
+    smem = 227 * 1024
+    assert k.smem_bytes * 3 <= smem < k.smem_bytes * 6  # 3 stages fit for one block, not two
+    whole = _kernels_table(generate_triton(case.plan, TritonOptions(smem_limit=smem)).text)
+    assert whole["attn"]["num_stages"] == 3
+    # 32 iterations split 32 ways: one iteration per block, nothing to pipeline
+    one = TritonOptions(smem_limit=smem, split_loop=(("attn", 32),))
+    assert _kernels_table(generate_triton(case.plan, one).text)["attn"]["num_stages"] == 1
+    # 8 ways: 4 iterations per block; two blocks per SM leave room for one stage each
+    eight = TritonOptions(smem_limit=smem, split_loop=(("attn", 8),))
+    table = _kernels_table(generate_triton(case.plan, eight).text)
+    assert table["attn"]["num_stages"] == smem // (2 * k.smem_bytes)
+    assert table["attn_combine"]["num_stages"] == 1
+    deep = TritonOptions(smem_limit=smem, split_loop=(("attn", 8),), max_stages=DEEP_STAGES)
+    stages = _kernels_table(generate_triton(case.plan, deep).text)["attn"]["num_stages"]
+    assert stages == min(DEEP_STAGES, 4, smem // k.smem_bytes) > table["attn"]["num_stages"]
+
+
+def test_warmup_compiles_without_running() -> None:
+    """The printed ``warmup(inputs)`` queues every generated kernel's compilation (the part
+    and combine kernels of a split loop included) and allocates, never runs, library
+    kernels' outputs."""
+    from yirage_cuda._triton_codegen import TritonOptions, generate_triton
+
+    case = plans.mixed_library()
+    text = generate_triton(case.plan, TritonOptions()).text
+    warm = text[text.index("def warmup(inputs):") :]
+    launch = text[text.index("def launch(inputs):") : text.index("def warmup(inputs):")]
+    assert "torch.matmul" in launch and "torch.matmul" not in warm
+    assert warm.count(".warmup(") == launch.count("](") >= 1
+    assert "return" not in warm
+    split = plans.attention_fused(kv_len=256, tl=32)
+    text = generate_triton(split.plan, TritonOptions(split_loop=(("attn", 4),))).text
+    warm = text[text.index("def warmup(inputs):") :]
+    assert "attn.warmup(" in warm and "attn_combine.warmup(" in warm

@@ -114,11 +114,21 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
 
 
 def launcher_lines(
-    plan: Plan, launch_line: Callable[[GeneratedKernel, dict[int, str]], list[str]]
+    plan: Plan,
+    launch_line: Callable[[GeneratedKernel, dict[int, str]], list[str]],
+    *,
+    warmup: bool = False,
 ) -> list[str]:
-    """``def launch(inputs)`` for ``plan``; ``launch_line`` prints one generated kernel's launch."""
+    """``def launch(inputs)`` for ``plan``; ``launch_line`` prints one generated kernel's launch.
+    With ``warmup``: ``def warmup(inputs)``, which allocates the library kernels' outputs
+    instead of running them (``launch_line`` then prints compile-only calls)."""
     names = {b.id: f"buf{b.id}" for b in plan.buffers}
-    body = ['"""Run the plan on ``inputs`` (checked by the runtime); returns the outputs."""']
+    doc = (
+        "Compile the generated kernels for ``inputs``; runs nothing."
+        if warmup
+        else "Run the plan on ``inputs`` (checked by the runtime); returns the outputs."
+    )
+    body = [f'"""{doc}"""']
     ins = [names[b.id] for b in plan.inputs]
     if ins:
         body.append(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = inputs")
@@ -128,7 +138,16 @@ def launcher_lines(
     allocated = {b.id for b in plan.inputs}
     for k in plan.kernels:
         if isinstance(k, LibraryKernel):
-            body += library_lines(plan, k, names)
+            if warmup:
+                for o in k.outputs:
+                    if o not in allocated:
+                        b = plan.buffer(o)
+                        body.append(
+                            f"{names[b.id]} = torch.empty({tuple(b.dims)}, "
+                            f"dtype={TORCH_DTYPE[b.dtype]}, device=dev)"
+                        )
+            else:
+                body += library_lines(plan, k, names)
             allocated.update(k.outputs)
             continue
         for acc in k.outputs:
@@ -140,5 +159,6 @@ def launcher_lines(
                 )
                 allocated.add(acc.buffer)
         body += launch_line(k, names)
-    body.append(f"return [{', '.join(names[b.id] for b in plan.outputs)}]")
-    return ["def launch(inputs):", *("    " + line for line in body)]
+    if not warmup:
+        body.append(f"return [{', '.join(names[b.id] for b in plan.outputs)}]")
+    return [f"def {'warmup' if warmup else 'launch'}(inputs):", *("    " + line for line in body)]

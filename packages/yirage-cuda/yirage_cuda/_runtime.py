@@ -346,6 +346,10 @@ def _fresh_like(inputs: Sequence[Any], seed: int) -> list[Any]:
     return out
 
 
+#: Calls captured in one CUDA graph by :func:`time_callable` (replay time / this = per call).
+CALLS_PER_GRAPH = 10
+
+
 def time_callable(
     fn: Callable[[Sequence[Any]], Any],
     input_sets: Sequence[Sequence[Any]],
@@ -354,7 +358,7 @@ def time_callable(
     repeats: int = 50,
     flush_l2: bool = True,
     graph: bool = True,
-    calls_per_graph: int = 10,
+    calls_per_graph: int = CALLS_PER_GRAPH,
 ) -> tuple[list[float], list[float] | None, str | None]:
     """Event-timed launches and CUDA-graph replays of ``fn(inputs)`` (µs per call).
 
@@ -430,12 +434,17 @@ def profile(
     input_sets: int = 4,
     flush_l2: bool = True,
     graph: bool = True,
+    min_time_s: float | None = None,
+    min_repeats: int = 3,
     **_other: Any,
 ) -> ProfileResult:
     """Time ``launcher`` on ``inputs`` plus ``input_sets - 1`` fresh random input sets.
 
-    Options meant for other backends' profilers (e.g. ``min_time_s``) are accepted and
-    ignored, so ``superoptimize(profile_options=...)`` works with any backend."""
+    ``min_time_s`` bounds the timing work: a kernel whose warm-up shows that ``repeats``
+    launches plus as many graph replays would take longer gets fewer repeats (never fewer
+    than ``min_repeats``), so a slow candidate costs about as much time as a fast one.
+    Options meant for other backends' profilers are accepted and ignored, so
+    ``superoptimize(profile_options=...)`` works with any backend."""
     checked = check_inputs(list(inputs), launcher.input_specs, interpret=launcher.interpret)
     if launcher.interpret:
         times = []
@@ -459,6 +468,15 @@ def profile(
         )
     torch = _torch()
     sets = [checked] + [_fresh_like(checked, 1000 + i) for i in range(max(0, input_sets - 1))]
+    if min_time_s is not None and min_time_s > 0:
+        probe, _, _ = time_callable(
+            launcher.run_unchecked, sets, warmup=1, repeats=2, flush_l2=flush_l2, graph=False
+        )
+        # one repeat = a launch plus a replay of CALLS_PER_GRAPH calls
+        per_repeat_s = min(probe) * 1e-6 * (1 + CALLS_PER_GRAPH)
+        fit = int(min_time_s / max(per_repeat_s, 1e-9))
+        repeats = max(min(repeats, fit), max(1, min_repeats))
+        warmup = min(warmup, repeats)
     launch, replay, gerr = time_callable(
         launcher.run_unchecked, sets, warmup=warmup, repeats=repeats, flush_l2=flush_l2, graph=graph
     )

@@ -496,21 +496,24 @@ def _nvrtc_compile(text: str, arch: str, name: str) -> tuple[bytes, str, str]:
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log_b = b" " * size
+        # NVRTC writes into these buffers: they must be fresh mutable objects. (`b" " * 1`
+        # is CPython's shared one-byte bytes object; writing a NUL into it corrupted every
+        # later b" " in the process.)
+        log_b = bytearray(max(1, size))
         nvrtc.nvrtcGetProgramLog(prog, log_b)
-        log = log_b.decode(errors="replace").rstrip("\x00 \n")
+        log = bytes(log_b).decode(errors="replace").rstrip("\x00 \n")
         if int(err) != 0:
             raise ToolchainError(f"NVRTC rejected the generated CUDA C++ ({arch}):\n{log}")
         _, psize = check(nvrtc.nvrtcGetPTXSize(prog), "PTX size")
-        ptx_b = b" " * psize
+        ptx_b = bytearray(max(1, psize))
         check(nvrtc.nvrtcGetPTX(prog, ptx_b), "PTX")
         cubin = b""
         if arch.startswith("sm_"):
             _, csize = check(nvrtc.nvrtcGetCUBINSize(prog), "CUBIN size")
-            cubin_b = b" " * csize
+            cubin_b = bytearray(max(1, csize))
             check(nvrtc.nvrtcGetCUBIN(prog, cubin_b), "CUBIN")
             cubin = bytes(cubin_b)
-        return cubin, ptx_b.decode(errors="replace").rstrip("\x00"), log
+        return cubin, bytes(ptx_b).decode(errors="replace").rstrip("\x00"), log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

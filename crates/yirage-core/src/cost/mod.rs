@@ -37,10 +37,12 @@
 //! * **bytes in flight** (Little's law): the running blocks keep `running × S × tile` bytes
 //!   in flight, so bandwidth ≤ that / [`GPU_MEM_LATENCY_US`] — small tiles starve DRAM;
 //! * **oversized tiles**: above [`GPU_TILE_BYTES_MAX`] per iteration the tiles staged
-//!   through registers spill / cut occupancy; bandwidth scales by `max / tile`;
+//!   through registers (those feeding non-matmul ops) spill / cut occupancy; bandwidth
+//!   scales by `max / staged`;
 //! * **per-iteration latency**: every iteration costs [`GPU_ITER_US`] (barrier, address
-//!   math, pipeline bookkeeping) that overlaps only across resident blocks:
-//!   `F × GPU_ITER_US × max(1, blocks / (resident × units))` is added;
+//!   math, pipeline bookkeeping) plus [`GPU_COMPUTED_OPERAND_US`] per matmul whose operand
+//!   is computed in the loop, overlapping only across resident blocks:
+//!   `F × per-iteration × max(1, blocks / (resident × units))` is added;
 //! * **coalescing**: an input tile whose rows are shorter than [`GPU_COALESCE_BYTES`] is
 //!   charged `GPU_COALESCE_BYTES / row bytes` times its bytes;
 //! * **loop split**: a kernel that leaves units idle may run split ([`gpu_loop_split`]):
@@ -72,9 +74,18 @@ pub const GPU_STAGES: u32 = 3;
 pub const GPU_MEM_LATENCY_US: f64 = 1.0;
 /// GPU: non-overlapped cost of one for-loop iteration of a block (µs).
 pub const GPU_ITER_US: f64 = 0.1;
-/// GPU: per-iteration tile bytes of a block above which the register-staged tiles spill or
-/// cut occupancy; bandwidth is charged at `GPU_TILE_BYTES_MAX / tile` beyond it.
+/// GPU: per-iteration bytes of a block's register-staged tiles (those feeding elementwise
+/// ops or reductions) above which they spill or cut occupancy; bandwidth is charged at
+/// `GPU_TILE_BYTES_MAX / staged` beyond it. Tiles read only by matmuls go to shared memory
+/// through the pipeline and do not count (on the H100, GQA decode with 64 KB K+V tiles per
+/// iteration ran 1.9x faster than with 16 KB ones).
 pub const GPU_TILE_BYTES_MAX: f64 = 24.0 * 1024.0;
+/// GPU: extra latency (µs) per for-loop iteration of each matmul whose operand is computed
+/// in the loop: the operand goes from registers through shared memory (layout conversion,
+/// barrier) after the ops that produce it, so loads cannot hide it. On the H100, fused GQA
+/// decode with 32-wide kv tiles took 1.3 µs per iteration alone on a unit, against 0.3 µs
+/// for the bytes it streams; 128-wide tiles (4x fewer iterations) ran 1.9x faster split.
+pub const GPU_COMPUTED_OPERAND_US: f64 = 0.5;
 /// GPU: most blocks of one kernel resident on a unit at once.
 pub const GPU_MAX_RESIDENT: u64 = 4;
 /// GPU: contiguous bytes per tile row below which loads waste DRAM bursts (on the H100,
@@ -273,6 +284,9 @@ pub struct ReadProfile {
     pub total_bytes: f64,
     /// Contiguous bytes per row of the tile a block loads (0: unknown, e.g. library calls).
     pub run_bytes: f64,
+    /// The tile feeds an op other than a matmul, so it is held in registers; tiles read only
+    /// by matmuls are streamed through shared memory (see [`GPU_TILE_BYTES_MAX`]).
+    pub staged: bool,
 }
 
 /// One block-level matmul: tile dims and total flops over the whole kernel.
@@ -299,6 +313,9 @@ pub struct KernelProfile {
     pub low_precision: bool,
     /// For-loop steps of a generated kernel (0 or 1: no loop).
     pub forloop: u32,
+    /// Matmuls in the loop body with an operand computed in the loop (attention's P·V):
+    /// see [`GPU_COMPUTED_OPERAND_US`].
+    pub computed_operand_matmuls: u32,
 }
 
 /// Predicted time of one kernel, with its parts (µs).
@@ -416,6 +433,13 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         let stages = GPU_STAGES.min(f).max(1) as f64;
         let read: f64 = p.reads.iter().map(|r| r.total_bytes).sum();
         let tile = read / (b * f as f64);
+        let staged: f64 = p
+            .reads
+            .iter()
+            .filter(|r| r.staged)
+            .map(|r| r.total_bytes)
+            .sum::<f64>()
+            / (b * f as f64);
         let resident = ((spec.shared_mem_per_block as f64 / (stages * tile).max(1.0)).floor()
             as u64)
             .clamp(1, GPU_MAX_RESIDENT) as f64;
@@ -423,10 +447,11 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         let mut u = (b / cu).min(1.0);
         if tile > 0.0 {
             u = u.min(running * stages * tile / GPU_MEM_LATENCY_US / bw);
-            u *= (GPU_TILE_BYTES_MAX / tile).min(1.0);
+            u *= (GPU_TILE_BYTES_MAX / staged.max(1.0)).min(1.0);
         }
         mem_util = u.max(1e-6);
-        iter_us = f as f64 * GPU_ITER_US * (b / (resident * cu)).max(1.0);
+        let per_iter = GPU_ITER_US + p.computed_operand_matmuls as f64 * GPU_COMPUTED_OPERAND_US;
+        iter_us = f as f64 * per_iter * (b / (resident * cu)).max(1.0);
     }
     let memory_us = mem / mem_util;
     let compute_us = compute / util;
@@ -481,7 +506,7 @@ mod tests {
         let read = |u: f64, t: f64| ReadProfile {
             unique_bytes: u,
             total_bytes: t,
-            run_bytes: 0.0,
+            ..Default::default()
         };
         // Same bytes, 132 blocks vs 33 blocks: fewer blocks cannot be faster.
         let mk = |blocks| KernelProfile {
@@ -524,6 +549,58 @@ mod tests {
     }
 
     #[test]
+    fn only_register_staged_tiles_are_capped() {
+        let spec = DeviceSpec::h100();
+        // 132 blocks, 8 iterations, 64 KB per block and iteration (over the register cap)
+        let kernel = |staged| KernelProfile {
+            blocks: 132,
+            forloop: 8,
+            reads: vec![ReadProfile {
+                unique_bytes: 132.0 * 8.0 * 65536.0,
+                total_bytes: 132.0 * 8.0 * 65536.0,
+                run_bytes: 256.0,
+                staged,
+            }],
+            low_precision: true,
+            ..Default::default()
+        };
+        let streamed = kernel_cost_split(&spec, &kernel(false), 1).memory_us;
+        let staged = kernel_cost_split(&spec, &kernel(true), 1).memory_us;
+        assert!((staged / streamed - 65536.0 / GPU_TILE_BYTES_MAX).abs() < 1e-9);
+    }
+
+    #[test]
+    fn computed_matmul_operands_add_iteration_latency() {
+        let spec = DeviceSpec::h100();
+        // GQA decode kv 4096: 16 blocks, K and V tiles of 128 x d 128, loop 32 or 128
+        let attention = |forloop: u32, computed| KernelProfile {
+            blocks: 16,
+            forloop,
+            reads: vec![ReadProfile {
+                unique_bytes: 33.5e6,
+                total_bytes: 33.5e6,
+                run_bytes: 256.0,
+                staged: false,
+            }],
+            low_precision: true,
+            computed_operand_matmuls: computed,
+            ..Default::default()
+        };
+        let extra = |f: u32| {
+            kernel_cost_split(&spec, &attention(f, 1), 1).total_us
+                - kernel_cost_split(&spec, &attention(f, 0), 1).total_us
+        };
+        // one block per unit: every iteration pays the latency, 4x the iterations 4x of it
+        assert!((extra(128) - 128.0 * GPU_COMPUTED_OPERAND_US).abs() < 1e-6);
+        assert!((extra(128) / extra(32) - 4.0).abs() < 1e-9);
+        // so wider kv tiles (fewer iterations) win once the latency is charged
+        assert!(
+            kernel_cost(&spec, &attention(32, 1)).total_us
+                < kernel_cost(&spec, &attention(128, 1)).total_us
+        );
+    }
+
+    #[test]
     fn loop_split_fills_idle_units() {
         let spec = DeviceSpec::h100();
         // 16 blocks (GQA decode: batch × kv heads) over 132 units: split 32 ways (512 ≥ 264)
@@ -539,6 +616,7 @@ mod tests {
                 unique_bytes: 33.5e6,
                 total_bytes: 33.5e6,
                 run_bytes: 128.0,
+                staged: false,
             }],
             forloop,
             low_precision: true,

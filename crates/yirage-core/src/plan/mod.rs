@@ -350,7 +350,7 @@ pub fn profile_of(
         forloop,
         ..Default::default()
     };
-    for t in tiles {
+    for (i, t) in tiles.iter().enumerate() {
         let reps = if t.in_loop { f } else { 1.0 } * nb;
         match t.kind {
             TileKind::Input {
@@ -364,6 +364,9 @@ pub fn profile_of(
                     unique_bytes: kernel_numel as f64 * eb,
                     total_bytes: numel(&t.dims) as f64 * eb * loads * nb,
                     run_bytes: t.dims.last().map_or(0.0, |&d| d as f64 * eb),
+                    staged: tiles
+                        .iter()
+                        .any(|u| u.kind != TileKind::Matmul && u.operands.contains(&i)),
                 });
             }
             TileKind::Matmul => {
@@ -395,6 +398,17 @@ pub fn profile_of(
         }
     }
     p.write_bytes = out_bytes.iter().sum();
+    p.computed_operand_matmuls = tiles
+        .iter()
+        .filter(|t| t.kind == TileKind::Matmul && t.in_loop)
+        .filter(|t| {
+            t.operands.iter().any(|&o| {
+                tiles
+                    .get(o)
+                    .is_some_and(|x| x.in_loop && !matches!(x.kind, TileKind::Input { .. }))
+            })
+        })
+        .count() as u32;
     p
 }
 
@@ -554,7 +568,7 @@ pub fn library_profile(
         p.reads.push(ReadProfile {
             unique_bytes: b,
             total_bytes: b,
-            run_bytes: 0.0,
+            ..Default::default()
         });
     }
     for &o in outs {
@@ -986,6 +1000,41 @@ mod tests {
             lower(&g, &tiny).unwrap_err().kind(),
             crate::ErrorKind::Mapping
         );
+    }
+
+    #[test]
+    fn profile_marks_staged_tiles_and_computed_matmul_operands() {
+        // rms_norm(X) @ W fused: X feeds the rms accumulator (staged), W only the matmul
+        let g = rms_fused(16);
+        let Some(KernelOpKind::Customized { graph: bg, .. }) = g.ops().last().map(|o| &o.kind)
+        else {
+            panic!("expected a customized op")
+        };
+        let p = block_profile(bg, &[4, 4], &[4], false);
+        assert_eq!(
+            p.reads.iter().map(|r| r.staged).collect::<Vec<_>>(),
+            [true, false]
+        );
+        assert_eq!(p.computed_operand_matmuls, 0);
+        // attention: exp(Q Kᵀ) V — the second matmul's operand is computed in the loop
+        let mut bg = BlockGraph::new([4, 1, 1], [128, 1, 1], 8, 1).unwrap();
+        let q = bg
+            .new_input(&[4, 4, 64], DType::F16, [0, -1, -1], -1)
+            .unwrap();
+        let kt = bg
+            .new_input(&[4, 64, 256], DType::F16, [0, -1, -1], 2)
+            .unwrap();
+        let v = bg
+            .new_input(&[4, 256, 64], DType::F16, [0, -1, -1], 1)
+            .unwrap();
+        let s = bg.matmul(q, kt).unwrap();
+        let e = bg.unary(UnaryOp::Exp, s).unwrap();
+        let o = bg.matmul(e, v).unwrap();
+        let acc = bg.forloop_accum(o, AccumKind::Iter).unwrap();
+        bg.new_output(acc, [0, -1, -1]).unwrap();
+        let p = block_profile(&bg, &[2, 2, 2], &[4], true);
+        assert_eq!(p.computed_operand_matmuls, 1);
+        assert!(p.reads.iter().all(|r| !r.staged));
     }
 
     #[test]

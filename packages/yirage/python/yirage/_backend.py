@@ -217,6 +217,12 @@ class Backend(ABC):
         """Time a launcher on the device."""
         raise NotImplementedBackendError(self.name, self.package_version, "profile")
 
+    def precompile(self, launchers: Sequence[Any], inputs: Sequence[Any]) -> None:
+        """Optional: finish compiling ``launchers`` (all candidates of one ``superoptimize``)
+        for ``inputs`` before their first runs, e.g. in parallel. The default does nothing:
+        a backend whose ``load`` returns ready code needs no more."""
+        del launchers, inputs
+
     # -- helpers for probes (never raise) ----------------------------------------------------
     def _unavailable(self, reason: str) -> BackendUnavailableError:
         return BackendUnavailableError(self.name, reason)

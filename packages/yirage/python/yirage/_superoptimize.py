@@ -25,8 +25,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import re
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,8 @@ _log = get_logger("yirage.superoptimize")
 DECISION_VERSION = "2"
 #: Interleaved profiling rounds per candidate (``profile_options={"rounds": n}``).
 PROFILE_ROUNDS = 8
+#: Candidates asked of the search beyond ``top_k``, so that ``top_k`` distinct ones remain.
+SPARE_CANDIDATES = 4
 
 
 class SuperoptimizeError(YirageError):
@@ -110,10 +115,31 @@ def _is_baseline(cand: Any) -> bool:
 
 
 def _to_profile(candidates: list[Any], top_k: int) -> list[Any]:
-    """The first ``top_k`` fused candidates plus the library baseline (always measured, so
-    the report says whether fusion paid off on this device)."""
-    fused = [c for c in candidates if not _is_baseline(c)][:top_k]
+    """The first ``top_k`` distinct fused candidates plus the library baseline (always
+    measured, so the report says whether fusion paid off on this device).
+
+    Candidates with the same predicted time and the same kernels (grids and loop ranges)
+    differ only in how an op is spelled (e.g. ``reduction`` + ``accum_iter`` for
+    ``accum_sum``) and compile to the same memory traffic; only the first is profiled, so
+    the budget goes to different tilings."""
+    fused: list[Any] = []
+    seen: dict[str, list[float]] = {}
+    for c in candidates:
+        if _is_baseline(c) or len(fused) >= top_k:
+            continue
+        label = str(_cand_attr(c, "label") or "")
+        predicted = _num(_cand_attr(c, "predicted_us", "cost_us", "cost"))
+        if label and predicted is not None:
+            same_kernels = seen.setdefault(_KERNEL_OPS.sub("]", label), [])
+            if any(abs(p - predicted) <= 1e-4 * max(p, predicted) for p in same_kernels):
+                continue
+            same_kernels.append(predicted)
+        fused.append(c)
     return fused + [c for c in candidates if _is_baseline(c)]
+
+
+#: The op list of a kernel in a candidate label: ``custom[grid=16x1x1 loop=32: matmul,…]``.
+_KERNEL_OPS = re.compile(r":[^\]]*\]")
 
 
 def _describe_plan(plan: Mapping[str, Any]) -> tuple[str, bool]:
@@ -277,38 +303,65 @@ def superoptimize(
                 return kernel
 
     t0 = time.perf_counter()
-    candidates, search_report = _search(graph, be, config, {"top_k": top_k, **search_options})
+    # a few spare candidates: near-duplicates among the best are profiled once (_to_profile)
+    spare = {"top_k": top_k + SPARE_CANDIDATES, **search_options}
+    candidates, search_report = _search(graph, be, config, spare)
     report.search_s = time.perf_counter() - t0
     report.search = search_report
     tensors, reference = reference_for() if check else (check_tensors(be, graph, shapes, seed), [])
-    passing: list[tuple[float, int, dict[str, Any], Any, Any]] = []
-    for index, cand in enumerate(_to_profile(candidates, top_k)):
-        cr = CandidateReport(
-            index=index,
-            hash=_cand_attr(cand, "hash", "graph_hash"),
-            description=str(_cand_attr(cand, "label") or ""),
-            predicted_us=_num(_cand_attr(cand, "predicted_us", "cost_us", "cost")),
+    to_build = _to_profile(candidates, top_k)
+    for index, cand in enumerate(to_build):
+        report.candidates.append(
+            CandidateReport(
+                index=index,
+                hash=_cand_attr(cand, "hash", "graph_hash"),
+                description=str(_cand_attr(cand, "label") or ""),
+                predicted_us=_num(_cand_attr(cand, "predicted_us", "cost_us", "cost")),
+            )
         )
-        report.candidates.append(cr)
+
+    def build(index: int) -> tuple[int, dict[str, Any], Any, Any]:
+        cr = report.candidates[index]
+        plan = _plan_dict(to_build[index].kernel_plan())
+        kernels, _ = _describe_plan(plan)
+        cr.description = f"{cr.description} [{kernels}]" if cr.description else kernels
+        cr.hash = cr.hash or plan.get("graph_hash")
+        tc = time.perf_counter()
+        source = be.codegen(plan)
+        artifact = be.compile(source)
+        launcher = be.load(artifact)
+        cr.codegen_compile_s = time.perf_counter() - tc
+        cr.cache_hit = getattr(artifact, "cache_hit", None)
+        return index, plan, source, launcher
+
+    # candidates are built side by side: toolchains (nvrtc, cc, Triton) run outside the GIL
+    tc = time.perf_counter()
+    built: list[tuple[int, dict[str, Any], Any, Any]] = []
+    workers = max(1, min(len(to_build), os.cpu_count() or 1, 16))
+    with ThreadPoolExecutor(workers, thread_name_prefix="yirage-build") as pool:
+        futures = [pool.submit(build, i) for i in range(len(to_build))]
+        for index, fut in enumerate(futures):
+            try:
+                built.append(fut.result())
+            except BackendUnavailableError:
+                raise  # no toolchain: every candidate would fail the same way
+            except Exception as exc:
+                cr = report.candidates[index]
+                cr.status = "error"
+                cr.error = f"{type(exc).__name__}: {exc}"
+                _log.warning("candidate %d failed to build on %s: %s", index, be.name, cr.error)
+    report.codegen_compile_s += time.perf_counter() - tc
+    if built and ws == 1:
+        # all candidates at once (e.g. Triton's JIT in a thread pool), before their first runs
+        tc = time.perf_counter()
         try:
-            plan = _plan_dict(cand.kernel_plan())
-            kernels, _ = _describe_plan(plan)
-            cr.description = f"{cr.description} [{kernels}]" if cr.description else kernels
-            cr.hash = cr.hash or plan.get("graph_hash")
-            tc = time.perf_counter()
-            source = be.codegen(plan)
-            artifact = be.compile(source)
-            launcher = be.load(artifact)
-            cr.codegen_compile_s = time.perf_counter() - tc
-            cr.cache_hit = getattr(artifact, "cache_hit", None)
-            report.codegen_compile_s += cr.codegen_compile_s
-        except BackendUnavailableError:
-            raise  # no toolchain: every candidate would fail the same way
-        except Exception as exc:
-            cr.status = "error"
-            cr.error = f"{type(exc).__name__}: {exc}"
-            _log.warning("candidate %d failed to build on %s: %s", index, be.name, cr.error)
-            continue
+            be.precompile([b[3] for b in built], tensors)
+        except Exception as exc:  # an optimisation only: the first runs compile what is left
+            _log.warning("precompile on %s failed: %s", be.name, exc)
+        report.codegen_compile_s += time.perf_counter() - tc
+    passing: list[tuple[float, int, dict[str, Any], Any, Any]] = []
+    for index, plan, source, launcher in built:
+        cr = report.candidates[index]
         if check:
             tc = time.perf_counter()
             try:
