@@ -2,13 +2,14 @@
 
 ``codegen`` prints a KernelPlan as Triton (primary), as Triton with the for-loops of
 kernels that leave SMs idle split across extra blocks plus a combine kernel (split-K /
-flash-decoding, when some kernel qualifies: :func:`~yirage_cuda._triton_codegen.loop_split`)
-and as CUDA C++ (when the printer can lay the kernel out in shared memory). ``compile``
-writes the Triton modules into the cache and, on a GPU machine, compiles the C++ with
-NVRTC/nvcc for the live architecture. ``load`` returns a :class:`CudaKernel` running the
-Triton variant;
-``profile`` times every variant that loaded, cross-checks the C++ outputs against the
-(already reference-checked) Triton outputs, keeps the faster one and remembers the choice in
+flash-decoding, when some kernel qualifies: :func:`~yirage_cuda._triton_codegen.loop_split`),
+both also with 5-stage pipelines ("triton_deep", "triton_split_deep"), and as CUDA C++
+(when the printer can lay the kernel out in shared memory). ``compile`` writes the Triton
+modules into the cache and, on a GPU machine, compiles the C++ with NVRTC/nvcc for the live
+architecture. ``load`` returns a :class:`CudaKernel` running the Triton variant;
+``precompile`` compiles the Triton kernels of many kernels at once in a thread pool;
+``profile`` screens every variant that loaded, cross-checks the others' outputs against the
+(already reference-checked) Triton outputs, keeps the fastest and remembers the choice in
 the cache, so a later ``load`` of the same plan on the same device picks it again.
 
 ``CudaBackend(interpret=True)`` runs the Triton kernels in the Triton interpreter on CPU
