@@ -422,3 +422,27 @@ def test_near_duplicate_candidates_are_profiled_once() -> None:
     cands[1].predicted_us = 17.0
     assert len(_superoptimize._to_profile(cands, top_k=3)) == 4
     assert _superoptimize._to_profile(cands, top_k=3)[1].label == dup
+
+
+def test_check_inputs_are_seeded_chunked_and_scaled() -> None:
+    """Check inputs: the same seed gives the same values (whatever the thread count), another
+    seed other values; N(0, 1) scaled by 1/√rows for matrix-like inputs; large inputs are
+    drawn chunk by chunk from independent streams (no repeated chunk)."""
+    from yirage._kernel import _CHECK_CHUNK, check_inputs
+
+    g = yr.new_kernel_graph()
+    x = g.new_input((4, 3 * _CHECK_CHUNK // 1024 + 7), yr.float32)
+    w = g.new_input((3 * _CHECK_CHUNK // 1024 + 7, 1024), yr.float32)  # > 3 chunks
+    g.mark_output(g.matmul(x, w))
+    a = check_inputs(g, 7)
+    b = check_inputs(g, 7)
+    c = check_inputs(g, 8)
+    assert all(np.array_equal(p, q) for p, q in zip(a, b, strict=True))
+    assert not any(np.array_equal(p, q) for p, q in zip(a, c, strict=True))
+    assert [p.shape for p in a] == [(4, w.dims[0]), (w.dims[0], 1024)]
+    assert a[0].std() == pytest.approx(1.0, rel=0.05)  # 4 rows: not matrix-like, unscaled
+    assert a[1].std() == pytest.approx(1.0 / np.sqrt(w.dims[0]), rel=0.02)
+    flat = a[1].reshape(-1)
+    assert flat.size > 3 * _CHECK_CHUNK
+    chunks = [flat[i : i + 1024] for i in range(0, 3 * _CHECK_CHUNK + 1, _CHECK_CHUNK)]
+    assert len({c.tobytes() for c in chunks}) == len(chunks)
