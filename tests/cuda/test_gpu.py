@@ -201,3 +201,24 @@ def test_misaligned_contiguous_views(gpu: Any, variant: str) -> None:
     a, b = kernel(*xs)[0], kernel(*shifted)[0]
     torch.cuda.synchronize()
     assert torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3)
+
+
+def test_matmul_fp32_straight_from_cublas(gpu: Any) -> None:
+    """On CUDA the float32 result of a 16-bit library matmul comes from cuBLAS directly
+    (``out_dtype``): closer to the float64 product than rounding to 16 bits and converting."""
+    import torch
+
+    from yirage_cuda._runtime import matmul_fp32
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(8, 4096, generator=gen).half()
+    b = (torch.randn(4096, 512, generator=gen) / 64).half()
+    ref = (a.double() @ b.double()).numpy()
+    out = matmul_fp32(a.cuda(), b.cuda())
+    assert out.dtype == torch.float32
+    rounded = torch.matmul(a.cuda(), b.cuda()).float()
+    assert rel_err(out.cpu().numpy(), ref) < rel_err(rounded.cpu().numpy(), ref)
+    assert rel_err(out.cpu().numpy(), ref) < 1e-4
+    batched = matmul_fp32(a.cuda().reshape(2, 4, 4096), b.cuda().expand(2, 4096, 512))
+    assert batched.dtype == torch.float32
+    assert rel_err(batched.reshape(8, 512).cpu().numpy(), ref) < 1e-4

@@ -145,3 +145,61 @@ def test_interpreted_and_compiled_kernels_mix_in_one_process(interp: Any) -> Non
     for _ in range(2):
         kernel(*interp.random_inputs(kernel.input_specs))
         assert _toolchain.aot_compile_triton(module, dtypes)["rms_mm"]["cubin_bytes"] > 0
+
+
+def test_matmul_fp32_off_cuda_computes_in_16_bit_then_converts() -> None:
+    """Library matmuls of 16-bit operands into float32 intermediates: off CUDA (CPU tensors,
+    as in the interpreter) the product is computed in the operands' dtype and converted."""
+    from yirage_cuda._runtime import matmul_fp32
+
+    t = torch()
+    gen = t.Generator().manual_seed(0)
+    a = t.randn(8, 64, generator=gen).to(t.float16)
+    b = t.randn(64, 32, generator=gen).to(t.float16)
+    out = matmul_fp32(a, b)
+    assert out.dtype == t.float32 and tuple(out.shape) == (8, 32)
+    assert t.equal(out, t.matmul(a, b).float())
+    batched = matmul_fp32(a.reshape(2, 4, 64), b.expand(2, 64, 32))
+    assert batched.dtype == t.float32 and t.equal(batched.reshape(8, 32), out)
+
+
+def test_profile_rounds_choose_the_variant_with_the_best_recorded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over superoptimize's profiling rounds a variant keeps its best median and the kernel
+    ends on the variant with the lowest one, so the chosen variant is the one whose time the
+    candidate records (the last round's winner may differ)."""
+    from types import SimpleNamespace
+
+    from yirage_cuda import CudaBackend, _backend
+    from yirage_cuda._backend import CudaKernel
+
+    t = torch()
+    out = [t.ones(2)]
+
+    class Fake:
+        output_specs = (((2,), "float32"),)
+        interpret = True
+
+        def __call__(self, *xs: Any) -> list[Any]:
+            return out
+
+    script = {"triton": [10.0, 30.0], "triton_split": [20.0, 15.0]}
+    calls = {"triton": 0, "triton_split": 0}
+    fakes = {name: Fake() for name in script}
+
+    def fake_profile(var: Any, inputs: Any, **_: Any) -> Any:
+        name = next(n for n, f in fakes.items() if f is var)
+        calls[name] += 1
+        return SimpleNamespace(median_us=script[name][calls[name] - 1])
+
+    monkeypatch.setattr(_backend, "profile", fake_profile)
+    kernel = CudaKernel(dict(fakes))
+    be = CudaBackend(interpret=True)
+    first = be.profile(kernel, [t.zeros(2)])
+    assert (kernel.variant, first.median_us) == ("triton", 10.0)
+    second = be.profile(kernel, [t.zeros(2)])
+    # this round split won (15 < 30), but triton's recorded best (10) is lower overall
+    assert kernel.variant == "triton" and second.median_us == 30.0
+    assert kernel.timings == {"triton": 10.0, "triton_split": 15.0}
+    assert kernel.contenders == ["triton", "triton_split"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -104,7 +105,10 @@ class CudaKernel:
     variants: dict[str, CudaLauncher]
     variant: str = "triton"
     notes: list[str] = field(default_factory=list)
+    #: best median (µs) of each profiled variant over all ``profile`` calls
     timings: dict[str, float] = field(default_factory=dict)
+    #: variants that passed the screen and the cross-check (decided at the first profile)
+    contenders: list[str] | None = None
 
     @property
     def active(self) -> CudaLauncher:
@@ -397,15 +401,46 @@ class CudaBackend(Backend):
     def profile(
         self, launcher: Any, inputs: Sequence[Any] | None = None, **options: Any
     ) -> ProfileResult:
-        """Profile every variant of ``launcher`` (median CUDA-graph replay time), keep the
-        fastest whose outputs agree with the Triton variant's, and return its timing."""
+        """Profile the variants of ``launcher`` that pass the screen and agree with the
+        Triton variant (both decided at the first call), median CUDA-graph replay time each.
+        Over repeated calls (superoptimize's rounds) every variant keeps its best median and
+        the kernel runs the variant with the lowest, so the variant chosen is the one whose
+        time the caller records. Returns this call's timing of that variant."""
         kernel = launcher if isinstance(launcher, CudaKernel) else CudaKernel({"triton": launcher})
         if inputs is None:
             inputs = self.random_inputs(kernel.input_specs)
+        if kernel.contenders is None:
+            kernel.contenders = self._checked(kernel, self._contenders(kernel, inputs), inputs)
         results: dict[str, ProfileResult] = {}
+        for name in kernel.contenders:
+            try:
+                results[name] = profile(kernel.variants[name], inputs, **options)
+            except Exception as exc:
+                if name == "triton":
+                    raise
+                kernel.notes.append(
+                    f"{name} variant failed to profile: {type(exc).__name__}: {exc}"
+                )
+        if not results:
+            raise BackendError(
+                "no variant of this plan could be profiled: " + "; ".join(kernel.notes[-3:])
+            )
+        for name, r in results.items():
+            kernel.timings[name] = min(kernel.timings.get(name, math.inf), r.median_us)
+        best = min(results, key=lambda n: kernel.timings[n])
+        kernel.variant = best
+        if not kernel.interpret:
+            self._remember_variant(kernel.plan, best, kernel.timings)
+        return results[best]
+
+    def _checked(
+        self, kernel: CudaKernel, contenders: dict[str, CudaLauncher], inputs: Sequence[Any]
+    ) -> list[str]:
+        """The contenders whose outputs agree with the (reference-checked) Triton variant's."""
         base = kernel.variants["triton"]
         ref_out = None
-        for name, var in self._contenders(kernel, inputs).items():
+        keep = []
+        for name, var in contenders.items():
             if name != "triton":
                 try:
                     if ref_out is None:
@@ -422,40 +457,23 @@ class CudaBackend(Backend):
                         f"{name} variant disagrees with triton (rel err {err:.3g} > {tol}); dropped"
                     )
                     continue
-            try:
-                results[name] = profile(var, inputs, **options)
-            except Exception as exc:
-                if name == "triton":
-                    raise
-                kernel.notes.append(
-                    f"{name} variant failed to profile: {type(exc).__name__}: {exc}"
-                )
-        if not results:
-            raise BackendError(
-                "no variant of this plan could be profiled: " + "; ".join(kernel.notes[-3:])
-            )
-        best = min(results, key=lambda n: results[n].median_us)
-        kernel.variant = best
-        kernel.timings = {n: r.median_us for n, r in results.items()}
-        if not kernel.interpret:
-            self._remember_variant(kernel.plan, best, kernel.timings)
-        return results[best]
+            keep.append(name)
+        return keep
 
     def _contenders(self, kernel: CudaKernel, inputs: Sequence[Any]) -> dict[str, CudaLauncher]:
-        """The variants worth a full profile: a short screen (a few event-timed launches)
-        drops those over ``SCREEN_FACTOR`` times the fastest, so a slow path (often the plain
-        CUDA C++ one) costs milliseconds, not a full profile. The Triton variant always
-        stays the reference the others are checked against, but is profiled only when it
-        passes the screen too."""
+        """The variants worth a full profile: a short screen (a few CUDA-graph replays, so
+        that host launch overhead, which differs between the Triton and driver-API paths,
+        does not decide) drops those over ``SCREEN_FACTOR`` times the fastest, so a slow
+        path (often the plain CUDA C++ one) costs milliseconds, not a full profile."""
         if self.interpret or len(kernel.variants) < 2:
             return dict(kernel.variants)
         quick: dict[str, float] = {}
         for name, var in kernel.variants.items():
             try:
-                launch, _, _ = time_callable(
-                    var.run_unchecked, [list(inputs)], warmup=2, repeats=5, graph=False
+                launch, replay, _ = time_callable(
+                    var.run_unchecked, [list(inputs)], warmup=2, repeats=5, calls_per_graph=3
                 )
-                quick[name] = min(launch)
+                quick[name] = min(replay or launch)
             except Exception as exc:
                 kernel.notes.append(f"{name} variant failed to run: {type(exc).__name__}: {exc}")
         fastest = min(quick.values(), default=0.0)

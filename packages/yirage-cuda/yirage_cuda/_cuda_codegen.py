@@ -40,7 +40,7 @@ from yirage_cuda._plan import CodegenError, GeneratedKernel, Plan, TileAccess, T
 
 __all__ = ["CODEGEN_VERSION", "CudaCppOptions", "CudaCppSource", "generate_cuda"]
 
-CODEGEN_VERSION = "cudacpp-2"
+CODEGEN_VERSION = "cudacpp-3"
 _ALIGN = 16
 
 

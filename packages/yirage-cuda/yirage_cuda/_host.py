@@ -65,6 +65,10 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
         low = [d for d in ("float16", "bfloat16") if d in in_dtypes]
         cd = TORCH_DTYPE[low[0]] if low else "torch.float32"
         expr = f"torch.matmul({ins[0]}.to({cd}), {ins[1]}.to({cd}))"
+        if len(low) == 1 and len(in_dtypes) == 1 and out_buf.dtype == "float32":
+            # 16-bit operands into a float32 intermediate: float32 straight from cuBLAS
+            lines.append("from yirage_cuda._runtime import matmul_fp32 as _yr_matmul_fp32")
+            expr = f"_yr_matmul_fp32({ins[0]}, {ins[1]})"
     else:
         # torch computes 16-bit elementwise ops, sums, softmax and rms_norm in fp32 and
         # rounds once, so operands already in the destination dtype need no fp32 copies

@@ -32,9 +32,31 @@ __all__ = [
     "ProfileResult",
     "TritonLauncher",
     "check_inputs",
+    "matmul_fp32",
     "profile",
     "time_callable",
 ]
+
+
+_FP32_OUT_MATMUL: list[bool] = []  # [supported] once probed
+
+
+def matmul_fp32(a: Any, b: Any) -> Any:
+    """``a @ b`` of 16-bit operands with a float32 result, for library matmuls writing a
+    float32 intermediate: on CUDA straight from cuBLAS (``torch.mm``/``torch.bmm`` with
+    ``out_dtype``, torch ≥ 2.8), saving the rounding to 16 bits and a conversion kernel;
+    elsewhere (CPU tensors, other ranks, older torch) ``torch.matmul(a, b).float()``."""
+    torch = _torch()
+    if a.is_cuda and a.dim() == b.dim() and a.dim() in (2, 3) and _FP32_OUT_MATMUL != [False]:
+        fn = torch.mm if a.dim() == 2 else torch.bmm
+        try:
+            out = fn(a, b, out_dtype=torch.float32)
+        except TypeError:  # a torch without out_dtype: probed once
+            _FP32_OUT_MATMUL[:] = [False]
+        else:
+            _FP32_OUT_MATMUL[:] = [True]
+            return out
+    return torch.matmul(a, b).float()
 
 
 class InputError(BackendError):

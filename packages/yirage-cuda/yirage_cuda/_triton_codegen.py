@@ -56,7 +56,7 @@ from yirage_cuda._plan import (
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton", "loop_split"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-4"
+CODEGEN_VERSION = "triton-5"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
