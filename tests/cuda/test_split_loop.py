@@ -164,3 +164,22 @@ def test_warmup_compiles_without_running() -> None:
     text = generate_triton(split.plan, TritonOptions(split_loop=(("attn", 4),))).text
     warm = text[text.index("def warmup(inputs):") :]
     assert "attn.warmup(" in warm and "attn_combine.warmup(" in warm
+
+
+def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:
+    """On a GPU (codegen needs none) an under-filled kernel is printed split as
+    ``loop_split`` says, split half as many ways, and with deeper pipelines; printings that
+    come out identical are kept once. The interpreter prints only the split."""
+    from yirage_cuda import CudaBackend
+    from yirage_cuda._triton_codegen import DEEP_STAGES
+
+    case = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=32, dtype="float16")
+    src = CudaBackend(cuda_cpp=False).codegen(case.plan)
+    tables = {n: _kernels_table(v.text) for n, v in src.triton_variants.items()}
+    assert set(tables) == {"triton_split", "triton_split_half", "triton_deep", "triton_split_deep"}
+    assert tables["triton_split"]["attn"]["split"] == 32  # 16 blocks → ≥ 2 per SM of 132
+    assert tables["triton_split_half"]["attn"]["split"] == 16
+    assert tables["triton_deep"]["attn"]["num_stages"] == DEEP_STAGES
+    assert len({v.text for v in src.triton_variants.values()} | {src.triton.text}) == 5
+    interp = CudaBackend(interpret=True, cuda_cpp=False).codegen(case.plan)
+    assert set(interp.triton_variants) == {"triton_split"}
