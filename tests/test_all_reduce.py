@@ -325,9 +325,8 @@ def test_search_splits_at_all_reduce() -> None:
 
 
 @needs_torch
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_cuda_host_code_runs_all_reduce_in_the_interpreter(rng: np.random.Generator) -> None:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
     import torch
 
     from yirage_cuda import CudaBackend

@@ -23,7 +23,7 @@
 
 use crate::error::{shape_err, CoreError, Result};
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
-use crate::shape::{fmt_dims, promote_dims};
+use crate::shape::fmt_dims;
 
 fn find(parent: &mut [usize], mut x: usize) -> usize {
     while parent[x] != x {
@@ -123,48 +123,8 @@ fn rebuild(g: &KernelGraph, ranks: &[usize]) -> Result<KernelGraph> {
                 .ok_or_else(lost)
         };
         // dims added in front of operand/result `t`
-        let delta = |t: TensorId| ranks[t] - ts[t].dims.len();
-        let shift = |t: TensorId, dim: usize| (dim + delta(t)) as i64;
-        let outs: Vec<TensorId> = match &op.kind {
-            KernelOpKind::Input { dims, dtype } => {
-                let o = op.outs[0];
-                let d: Vec<i64> = promote_dims(dims, ranks[o])
-                    .iter()
-                    .map(|&v| v as i64)
-                    .collect();
-                vec![h.new_input(&d, *dtype)?]
-            }
-            KernelOpKind::Matmul { a, b } => vec![h.matmul(m(*a)?, m(*b)?)?],
-            KernelOpKind::Unary { op: u, x } => vec![h.unary(*u, m(*x)?)?],
-            KernelOpKind::Binary { op: b_op, a, b } => vec![h.binary(*b_op, m(*a)?, m(*b)?)?],
-            KernelOpKind::Reduction { x, dim } => vec![h.reduction(m(*x)?, shift(*x, *dim))?],
-            KernelOpKind::RmsNorm {
-                x,
-                normalized_shape,
-                weight,
-                eps,
-            } => {
-                let ns: Vec<i64> = normalized_shape.iter().map(|&v| v as i64).collect();
-                let w = weight.map(m).transpose()?;
-                vec![h.rms_norm(m(*x)?, &ns, w, *eps)?]
-            }
-            KernelOpKind::Softmax { x, dim } => vec![h.softmax(m(*x)?, shift(*x, *dim))?],
-            KernelOpKind::Concat { xs, dim } => {
-                let ids = xs.iter().map(|&x| m(x)).collect::<Result<Vec<_>>>()?;
-                vec![h.concat(&ids, shift(op.outs[0], *dim))?]
-            }
-            KernelOpKind::Chunk {
-                x,
-                chunks,
-                dim,
-                index,
-            } => vec![h.chunk_piece(m(*x)?, *chunks as i64, shift(*x, *dim), *index as i64)?],
-            KernelOpKind::AllReduce { x } => vec![h.all_reduce(m(*x)?)?],
-            KernelOpKind::Customized { inputs, graph } => {
-                let ids = inputs.iter().map(|&x| m(x)).collect::<Result<Vec<_>>>()?;
-                h.customized(&ids, graph)?
-            }
-        };
+        let lead = |t: TensorId| ranks[t] - ts[t].dims.len();
+        let outs = h.replay_promoted(&op.kind, &op.outs, &m, &lead)?;
         if outs.len() != op.outs.len() {
             return Err(lost());
         }

@@ -484,16 +484,35 @@ impl KernelGraph {
         kind: &KernelOpKind,
         m: &dyn Fn(TensorId) -> Result<TensorId>,
     ) -> Result<Vec<TensorId>> {
+        self.replay_promoted(kind, &[], m, &|_| 0)
+    }
+
+    /// [`KernelGraph::replay`] with tensors of the other graph given `lead(t)` extra leading
+    /// size-1 dims (rank promotion, see `canon`): an input's dims gain them and every dim
+    /// argument moves by its tensor's count (`outs`: the op's results in the other graph,
+    /// for inputs and concat).
+    pub fn replay_promoted(
+        &mut self,
+        kind: &KernelOpKind,
+        outs: &[TensorId],
+        m: &dyn Fn(TensorId) -> Result<TensorId>,
+        lead: &dyn Fn(TensorId) -> usize,
+    ) -> Result<Vec<TensorId>> {
         let one = |r: Result<TensorId>| r.map(|t| vec![t]);
+        let out_lead = outs.first().map_or(0, |&o| lead(o));
+        let dim = |t: TensorId, d: usize| (d + lead(t)) as i64;
         match kind {
             KernelOpKind::Input { dims, dtype } => {
-                let d: Vec<i64> = dims.iter().map(|&v| v as i64).collect();
+                let d: Vec<i64> = std::iter::repeat(1)
+                    .take(out_lead)
+                    .chain(dims.iter().map(|&v| v as i64))
+                    .collect();
                 one(self.new_input(&d, *dtype))
             }
             KernelOpKind::Matmul { a, b } => one(self.matmul(m(*a)?, m(*b)?)),
             KernelOpKind::Unary { op, x } => one(self.unary(*op, m(*x)?)),
             KernelOpKind::Binary { op, a, b } => one(self.binary(*op, m(*a)?, m(*b)?)),
-            KernelOpKind::Reduction { x, dim } => one(self.reduction(m(*x)?, *dim as i64)),
+            KernelOpKind::Reduction { x, dim: d } => one(self.reduction(m(*x)?, dim(*x, *d))),
             KernelOpKind::RmsNorm {
                 x,
                 normalized_shape,
@@ -504,17 +523,17 @@ impl KernelGraph {
                 let w = weight.map(m).transpose()?;
                 one(self.rms_norm(m(*x)?, &ns, w, *eps))
             }
-            KernelOpKind::Softmax { x, dim } => one(self.softmax(m(*x)?, *dim as i64)),
-            KernelOpKind::Concat { xs, dim } => {
+            KernelOpKind::Softmax { x, dim: d } => one(self.softmax(m(*x)?, dim(*x, *d))),
+            KernelOpKind::Concat { xs, dim: d } => {
                 let ids = xs.iter().map(|&x| m(x)).collect::<Result<Vec<_>>>()?;
-                one(self.concat(&ids, *dim as i64))
+                one(self.concat(&ids, (*d + out_lead) as i64))
             }
             KernelOpKind::Chunk {
                 x,
                 chunks,
-                dim,
+                dim: d,
                 index,
-            } => one(self.chunk_piece(m(*x)?, *chunks as i64, *dim as i64, *index as i64)),
+            } => one(self.chunk_piece(m(*x)?, *chunks as i64, dim(*x, *d), *index as i64)),
             KernelOpKind::AllReduce { x } => one(self.all_reduce(m(*x)?)),
             KernelOpKind::Customized { inputs, graph } => {
                 let ids = inputs.iter().map(|&x| m(x)).collect::<Result<Vec<_>>>()?;

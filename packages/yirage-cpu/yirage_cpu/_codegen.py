@@ -1410,13 +1410,7 @@ class _LibraryPrinter:
                     w(f"yr_s += {self._load(x, f'o * {red} + r')};")
                 w(self._store("o", "yr_s"))
             return
-        c = min(_LIB_CHUNK, inner)
-        nj = -(-inner // c)
-        w(self._par(outer * red * inner, " collapse(2)"))
-        w(f"for (int64_t o = 0; o < {outer}; ++o)")
-        with w.block(f"for (int64_t jb = 0; jb < {nj}; ++jb)"):
-            w(f"const int64_t j0 = jb * {c};")
-            w(f"const int64_t jn = j0 + {c} < {inner} ? {c} : {inner} - j0;")
+        with self._column_chunks(w, outer, red, inner) as c:
             w(f"float yr_acc[{c}] __attribute__((aligned(64)));")
             w("#pragma omp simd")
             w("for (int64_t j = 0; j < jn; ++j) yr_acc[j] = 0.0f;")
@@ -1427,6 +1421,19 @@ class _LibraryPrinter:
             w("#pragma omp simd")
             with w.block("for (int64_t j = 0; j < jn; ++j)"):
                 w(self._store(f"o * {inner} + j0 + j", "yr_acc[j]"))
+
+    @contextlib.contextmanager
+    def _column_chunks(self, w: _Writer, outer: int, red: int, inner: int) -> Iterator[int]:
+        """Parallel ``for o`` x ``for jb`` over chunks of at most ``_LIB_CHUNK`` of the
+        ``inner`` columns of a reduction over a strided dim (``j0``: first column, ``jn``:
+        columns in this chunk); yields the chunk size."""
+        c = min(_LIB_CHUNK, inner)
+        w(self._par(outer * red * inner, " collapse(2)"))
+        w(f"for (int64_t o = 0; o < {outer}; ++o)")
+        with w.block(f"for (int64_t jb = 0; jb < {-(-inner // c)}; ++jb)"):
+            w(f"const int64_t j0 = jb * {c};")
+            w(f"const int64_t jn = j0 + {c} < {inner} ? {c} : {inner} - j0;")
+            yield c
 
     def _rms_norm(self, w: _Writer) -> None:
         x = self.ins[0]
@@ -1481,13 +1488,7 @@ class _LibraryPrinter:
                 with w.block(f"for (int64_t r = 0; r < {red}; ++r)"):
                     w(self._store("yr_r + r", f"yr_exp({self._load(x, 'yr_r + r')} - yr_m) * yr_f"))
             return
-        c = min(_LIB_CHUNK, inner)
-        nj = -(-inner // c)
-        w(self._par(outer * red * inner, " collapse(2)"))
-        w(f"for (int64_t o = 0; o < {outer}; ++o)")
-        with w.block(f"for (int64_t jb = 0; jb < {nj}; ++jb)"):
-            w(f"const int64_t j0 = jb * {c};")
-            w(f"const int64_t jn = j0 + {c} < {inner} ? {c} : {inner} - j0;")
+        with self._column_chunks(w, outer, red, inner) as c:
             w(f"float yr_m[{c}] __attribute__((aligned(64)));")
             w(f"float yr_s[{c}] __attribute__((aligned(64)));")
             with w.block("for (int64_t j = 0; j < jn; ++j)"):

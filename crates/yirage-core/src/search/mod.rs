@@ -38,7 +38,7 @@ use crate::error::{CoreError, Result};
 use crate::fingerprint::{fingerprint, with_threads};
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
 use crate::ops::{BinaryOp, UnaryOp};
-use crate::plan::{graph_profiles, lower, KernelPlan, INTERMEDIATE_BYTES};
+use crate::plan::{graph_profiles, lower, KernelPlan};
 use crate::shape::Dims;
 use expr::{RecBuilder, TargetExprs};
 use kernel::{KOp, KTensor, LibOp, Memo, Skeleton};
@@ -890,8 +890,35 @@ fn search_in_pool(
                 .into(),
         );
     }
+    let report = report_of(
+        p,
+        cfg,
+        start,
+        enumerate_s,
+        stop_reason,
+        (memo.programs() as u64, run.target.nodes, run.target.classes),
+        notes,
+    );
+    Ok(SearchResult {
+        candidates: verified,
+        report,
+    })
+}
+
+/// The report of a finished search from its progress counters: `programs_nodes_classes` =
+/// (block programs enumerated, e-graph nodes, e-graph classes).
+pub(crate) fn report_of(
+    p: &Progress,
+    cfg: &SearchConfig,
+    start: Instant,
+    enumerate_s: f64,
+    stop_reason: String,
+    programs_nodes_classes: (u64, usize, usize),
+    notes: Vec<String>,
+) -> SearchReport {
     let snap = p.snapshot();
-    let report = SearchReport {
+    let (block_programs, egraph_nodes, egraph_classes) = programs_nodes_classes;
+    SearchReport {
         states_explored: snap.states_explored,
         states_pruned: snap.states_pruned,
         fingerprint_tests: snap.fingerprint_tests,
@@ -905,19 +932,14 @@ fn search_in_pool(
         candidates_found: snap.candidates_found,
         concretisations: snap.concretisations,
         smem_rejected: snap.smem_rejected,
-        block_programs: memo.programs() as u64,
-        egraph_nodes: run.target.nodes,
-        egraph_classes: run.target.classes,
+        block_programs,
+        egraph_nodes,
+        egraph_classes,
         pruning: cfg.prune,
         deterministic: cfg.deterministic,
         cache_hit: false,
         notes,
-    };
-    let _ = INTERMEDIATE_BYTES;
-    Ok(SearchResult {
-        candidates: verified,
-        report,
-    })
+    }
 }
 
 #[cfg(test)]

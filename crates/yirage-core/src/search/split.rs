@@ -17,7 +17,7 @@ use crate::error::{CoreError, Result};
 use crate::fingerprint::fingerprint;
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
 use crate::plan::lower;
-use crate::search::{SearchConfig, SearchControl, SearchReport};
+use crate::search::{SearchConfig, SearchControl};
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -356,29 +356,15 @@ pub(super) fn search_split(
     } else {
         "exhausted".to_string()
     };
-    let snap = p.snapshot();
-    let report = SearchReport {
-        states_explored: snap.states_explored,
-        states_pruned: snap.states_pruned,
-        fingerprint_tests: snap.fingerprint_tests,
-        verified: snap.verified,
-        rejected: snap.rejected,
-        elapsed_s: start.elapsed().as_secs_f64(),
+    let report = super::report_of(
+        p,
+        cfg,
+        start,
         enumerate_s,
-        verify_s: start.elapsed().as_secs_f64() - enumerate_s,
-        threads: rayon::current_num_threads(),
         stop_reason,
-        candidates_found: snap.candidates_found,
-        concretisations: snap.concretisations,
-        smem_rejected: snap.smem_rejected,
-        block_programs: programs,
-        egraph_nodes: nodes,
-        egraph_classes: classes,
-        pruning: cfg.prune,
-        deterministic: cfg.deterministic,
-        cache_hit: false,
+        (programs, nodes, classes),
         notes,
-    };
+    );
     Ok(SearchResult {
         candidates: verified,
         report,
