@@ -2,57 +2,69 @@
 (tests/cuda/plans.py) over tile sizes, loop splits, warps and pipeline depths, at the
 TARGETS.md shapes. Tells which configurations the search and cost model should reach.
 
-    python benchmarks/tile_sweep.py rmsnorm_linear gqa_decode
+    python benchmarks/tile_sweep.py rmsnorm_linear --tn 32 48 64 --tk 256 512 --stages 3 5
 
 Needs a CUDA GPU, torch and triton.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "cuda"))
 import plans
+import torch
 
 from yirage._bench._timing import cuda_graph_median
 from yirage_cuda import CudaBackend
 from yirage_cuda._triton_codegen import TritonOptions
 
 
-def sweep_cases(name: str) -> list[tuple[str, plans.Case]]:
+def sweep_cases(name: str, a: argparse.Namespace) -> list[tuple[str, plans.Case]]:
     out = []
-    if name == "rmsnorm_linear":
-        for tn, tk, w in itertools.product((64, 128, 256), (64, 128), (4,)):
-            c = plans.rmsnorm_linear(b=8, h=4096, n=6144, tn=tn, tk=tk, dtype="float16", warps=w)
-            out.append((f"tn={tn} tk={tk} warps={w}", c))
-    elif name == "gated_mlp":
-        for tn, tk, w in itertools.product((64, 128), (64, 128), (4,)):
-            c = plans.gated_mlp(b=8, h=4096, n=4096, tn=tn, tk=tk, dtype="float16", warps=w)
-            out.append((f"tn={tn} tk={tk} warps={w}", c))
-    elif name == "gqa_decode":
-        for tl in (32, 64, 128):
-            c = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=tl, dtype="float16")
-            out.append((f"fused tl={tl}", c))
+    for tn, tk, w in itertools.product(a.tn, a.tk, a.warps):
+        label = f"b={a.b} tn={tn} tk={tk} warps={w}"
+        if name == "rmsnorm_linear":
+            c = plans.rmsnorm_linear(b=a.b, h=4096, n=6144, tn=tn, tk=tk, dtype="float16", warps=w)
+        elif name == "gated_mlp":
+            c = plans.gated_mlp(b=a.b, h=4096, n=4096, tn=tn, tk=tk, dtype="float16", warps=w)
+        elif name == "lora":
+            c = plans.lora(b=a.b, h=4096, n=4096, tn=tn, tk=tk, dtype="float16", warps=w)
+        elif name == "gqa_decode":
+            c = plans.attention_fused(batch=16, rows=4, d=128, kv_len=a.kv, tl=tk, dtype="float16")
+            label = f"kv={a.kv} tl={tk}"
+        else:
+            raise SystemExit(f"unknown sweep {name!r}")
+        out.append((label, c))
     return out
 
 
 def main() -> None:
-    splits = (1, 2, 4, 8, 16, 32)
-    for name in sys.argv[1:]:
-        print(f"== {name} on {torch.cuda.get_device_name()}")
-        for label, case in sweep_cases(name):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="+")
+    ap.add_argument("--b", type=int, default=8)
+    ap.add_argument("--kv", type=int, default=4096)
+    ap.add_argument("--tn", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--tk", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--warps", type=int, nargs="+", default=[4])
+    ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--stages", type=int, nargs="+", default=[3, 5])
+    a = ap.parse_args()
+    for name in a.names:
+        print(f"== {name} on {torch.cuda.get_device_name()}", flush=True)
+        for label, case in sweep_cases(name, a):
             xs = case.random_inputs(0)
             dts = [d for _, d in case.inputs]
             gen = [k for k in case.plan["kernels"] if k.get("kind", "generated") != "library"]
-            loop = int(gen[0]["forloop_range"])
-            kname = gen[0]["name"]
+            main_k = max(gen, key=lambda k: int(np.prod(k["grid"])))
+            loop, kname = int(main_k["forloop_range"]), main_k["name"]
             best = None
-            for split, stages in itertools.product(splits, (3, 5)):
+            for split, stages in itertools.product(a.splits, a.stages):
                 if split > 1 and (loop % split or loop // split < 1):
                     continue
                 opts = TritonOptions(
@@ -70,10 +82,10 @@ def main() -> None:
                     print(f"  {label} split {split} stages {stages}: {type(exc).__name__}: {exc}")
                     continue
                 flag = "" if err < 3e-3 else f" WRONG {err:.1e}"
-                print(f"  {label} split {split:2d} stages {stages}: {us:7.1f} µs{flag}")
+                print(f"  {label} split {split:2d} stages {stages}: {us:7.1f} µs{flag}", flush=True)
                 if not flag and (best is None or us < best[0]):
                     best = (us, split, stages)
-            print(f"  -> best {label}: {best}")
+            print(f"  -> best {label}: {best}", flush=True)
 
 
 if __name__ == "__main__":

@@ -91,3 +91,19 @@ def test_interpreted_source_is_the_printed_module(interp: Any) -> None:
     assert kernel.source == src.code
     assert "@triton.jit" in src.code and "tl.dot(" in src.code and "def launch(inputs):" in src.code
     assert kernel.variant == "triton" and kernel.interpret
+
+
+def test_dot_operand_with_an_elementwise_user_is_loaded_twice(interp: Any) -> None:
+    """RMSNorm's X tile feeds tl.dot and the sum of squares: the squares read their own copy
+    (one shared load left the H100 loop unpipelined); gated MLP's X feeds dots only."""
+    loop_loads = {}
+    for case in (plans.rmsnorm_linear(), plans.gated_mlp()):
+        code = interp.codegen(case.plan).code
+        body = code.split("for it in tl.range(", 1)[1].split("\n    t", 1)[0]
+        loop_loads[case.name] = [
+            ln.split("=")[0].strip() for ln in body.splitlines() if "tl.load(" in ln
+        ]
+    assert loop_loads["rmsnorm_linear"] == ["t0", "t0e", "t1"]
+    assert loop_loads["gated_mlp"] == ["t0", "t1", "t2"]
+    outs, xs = run_case(interp, plans.rmsnorm_linear())
+    assert rel_err(outs[0], plans.rmsnorm_linear().reference(*xs)[0]) <= TOL["float32"]

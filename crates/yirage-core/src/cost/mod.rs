@@ -38,15 +38,20 @@
 //!   in flight, so bandwidth ≤ that / [`GPU_MEM_LATENCY_US`] — small tiles starve DRAM;
 //! * **oversized tiles**: above [`GPU_TILE_BYTES_MAX`] per iteration the tiles staged
 //!   through registers (those feeding non-matmul ops) spill / cut occupancy; bandwidth
-//!   scales by `max / staged`;
+//!   scales by `max / staged`; the same for the largest tile a block loads once (not
+//!   pipelined: GQA decode loading a 128 KB V tile after a loop over the head dim ran
+//!   85–99 µs where the bytes predict 51);
 //! * **per-iteration latency**: every iteration costs [`GPU_ITER_US`] (barrier, address
 //!   math, pipeline bookkeeping) plus [`GPU_COMPUTED_OPERAND_US`] per matmul whose operand
 //!   is computed in the loop, overlapping only across resident blocks:
 //!   `F × per-iteration × max(1, blocks / (resident × units))` is added;
 //! * **coalescing**: an input tile whose rows are shorter than [`GPU_COALESCE_BYTES`] is
 //!   charged `GPU_COALESCE_BYTES / row bytes` times its bytes;
+//! * **skinny library matmuls** (≤ [`GPU_SKINNY_ROWS`] rows) reach only
+//!   [`GPU_LIBRARY_SKINNY_BW`] of the bandwidth;
 //! * **loop split**: a kernel that leaves units idle may run split ([`gpu_loop_split`]):
-//!   `S`× the blocks with `F / S` iterations each plus a combine kernel; the cheaper of the
+//!   `S`× the blocks with `F / S` iterations each plus a combine kernel and the traffic of
+//!   the fp32 partial outputs through a workspace; the cheaper of the
 //!   split and unsplit forms is charged, as the profiler keeps the faster variant.
 //!
 //! **CPU terms** (vendor `cpu`, generated kernels only):
@@ -95,6 +100,13 @@ pub const GPU_COALESCE_BYTES: f64 = 64.0;
 pub const GPU_MAX_SPLIT: u32 = 32;
 /// GPU: time of a split kernel's combine step beyond its launch (µs).
 pub const GPU_COMBINE_US: f64 = 1.0;
+/// Fraction of the memory bandwidth a vendor library reaches on a skinny matmul (at most
+/// [`GPU_SKINNY_ROWS`] rows: memory-bound, GEMV-like) relative to a generated kernel.
+/// Measured on an H100: cuBLAS ran X[8,4096]·W[4096,6144] fp16 in 20.5 µs where the model
+/// predicted 17.7 µs, and the fused RMSNorm + Linear kernel it had put at 20.1 µs in 20.1.
+pub const GPU_LIBRARY_SKINNY_BW: f64 = 0.85;
+/// Rows up to which a matmul counts as skinny for [`GPU_LIBRARY_SKINNY_BW`].
+pub const GPU_SKINNY_ROWS: u64 = 16;
 /// CPU: contiguous bytes per tile row below which a strided tile streams slower than the
 /// bytes predict (see the module doc).
 pub const CPU_ROW_BYTES: f64 = 256.0;
@@ -287,6 +299,9 @@ pub struct ReadProfile {
     /// The tile feeds an op other than a matmul, so it is held in registers; tiles read only
     /// by matmuls are streamed through shared memory (see [`GPU_TILE_BYTES_MAX`]).
     pub staged: bool,
+    /// The tile is loaded once per block (it does not walk the for-loop, or there is no
+    /// loop): it is not software-pipelined and sits in registers (see [`GPU_TILE_BYTES_MAX`]).
+    pub once: bool,
 }
 
 /// One block-level matmul: tile dims and total flops over the whole kernel.
@@ -369,8 +384,12 @@ pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
         return base;
     }
     let mut parts = kernel_cost_split(spec, p, split);
-    // the combine kernel: one more launch and a short read of the partial states
-    parts.total_us += spec.launch_us() + GPU_COMBINE_US;
+    // the combine kernel: one more launch, and every part writes its fp32 partial outputs
+    // to a workspace that the combine reads back
+    let widen = if p.low_precision { 2.0 } else { 1.0 };
+    let workspace = 2.0 * split as f64 * p.write_bytes * widen;
+    parts.total_us +=
+        spec.launch_us() + GPU_COMBINE_US + workspace / (spec.mem_bandwidth_gbps * 1e3);
     parts.launch_us += spec.launch_us();
     if parts.total_us < base.total_us {
         parts
@@ -426,6 +445,9 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         b / ((b / cu).ceil() * cu)
     };
     let mut mem_util = (util * MEM_UNITS_FACTOR).min(1.0);
+    if spec.is_streaming_gpu() && p.library && p.matmuls.iter().any(|m| m.m <= GPU_SKINNY_ROWS) {
+        mem_util = GPU_LIBRARY_SKINNY_BW;
+    }
     let mut iter_us = 0.0;
     if spec.is_streaming_gpu() && !p.library && blocks > 0 {
         let b = blocks as f64;
@@ -448,6 +470,13 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         if tile > 0.0 {
             u = u.min(running * stages * tile / GPU_MEM_LATENCY_US / bw);
             u *= (GPU_TILE_BYTES_MAX / staged.max(1.0)).min(1.0);
+            let once = p
+                .reads
+                .iter()
+                .filter(|r| r.once)
+                .map(|r| r.total_bytes / p.blocks as f64)
+                .fold(0.0, f64::max);
+            u *= (GPU_TILE_BYTES_MAX / once.max(1.0)).min(1.0);
         }
         mem_util = u.max(1e-6);
         let per_iter = GPU_ITER_US + p.computed_operand_matmuls as f64 * GPU_COMPUTED_OPERAND_US;
@@ -549,10 +578,41 @@ mod tests {
     }
 
     #[test]
+    fn skinny_library_matmuls_are_charged_below_bandwidth() {
+        let spec = DeviceSpec::h100();
+        let lib = |m: u64| KernelProfile {
+            library: true,
+            reads: vec![ReadProfile {
+                unique_bytes: 5e7,
+                total_bytes: 5e7,
+                ..Default::default()
+            }],
+            matmuls: vec![MatmulProfile {
+                m,
+                n: 6144,
+                k: 4096,
+                flops: 2.0 * (m * 6144 * 4096) as f64,
+            }],
+            low_precision: true,
+            ..Default::default()
+        };
+        let skinny = kernel_cost(&spec, &lib(8));
+        let wide = kernel_cost(&spec, &lib(64));
+        let bytes_us = 5e7 / (spec.mem_bandwidth_gbps * 1e3);
+        assert!((skinny.memory_us - bytes_us / GPU_LIBRARY_SKINNY_BW).abs() < 1e-9);
+        assert!((wide.memory_us - bytes_us).abs() < 1e-9);
+        // the CPU has no such rule
+        let cpu = DeviceSpec::cpu2();
+        let c8 = kernel_cost(&cpu, &lib(8));
+        let c64 = kernel_cost(&cpu, &lib(64));
+        assert_eq!(c8.memory_us, c64.memory_us);
+    }
+
+    #[test]
     fn only_register_staged_tiles_are_capped() {
         let spec = DeviceSpec::h100();
         // 132 blocks, 8 iterations, 64 KB per block and iteration (over the register cap)
-        let kernel = |staged| KernelProfile {
+        let kernel = |staged, once| KernelProfile {
             blocks: 132,
             forloop: 8,
             reads: vec![ReadProfile {
@@ -560,13 +620,17 @@ mod tests {
                 total_bytes: 132.0 * 8.0 * 65536.0,
                 run_bytes: 256.0,
                 staged,
+                once,
             }],
             low_precision: true,
             ..Default::default()
         };
-        let streamed = kernel_cost_split(&spec, &kernel(false), 1).memory_us;
-        let staged = kernel_cost_split(&spec, &kernel(true), 1).memory_us;
+        let streamed = kernel_cost_split(&spec, &kernel(false, false), 1).memory_us;
+        let staged = kernel_cost_split(&spec, &kernel(true, false), 1).memory_us;
         assert!((staged / streamed - 65536.0 / GPU_TILE_BYTES_MAX).abs() < 1e-9);
+        // the same bytes as one tile per block, loaded once: 8 x 64 KB in registers
+        let once = kernel_cost_split(&spec, &kernel(false, true), 1).memory_us;
+        assert!((once / streamed - 8.0 * 65536.0 / GPU_TILE_BYTES_MAX).abs() < 1e-9);
     }
 
     #[test]
@@ -581,6 +645,7 @@ mod tests {
                 total_bytes: 33.5e6,
                 run_bytes: 256.0,
                 staged: false,
+                once: false,
             }],
             low_precision: true,
             computed_operand_matmuls: computed,
@@ -617,6 +682,7 @@ mod tests {
                 total_bytes: 33.5e6,
                 run_bytes: 128.0,
                 staged: false,
+                once: false,
             }],
             forloop,
             low_precision: true,

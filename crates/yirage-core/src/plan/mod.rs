@@ -367,6 +367,7 @@ pub fn profile_of(
                     staged: tiles
                         .iter()
                         .any(|u| u.kind != TileKind::Matmul && u.operands.contains(&i)),
+                    once: !walks_loop || forloop <= 1,
                 });
             }
             TileKind::Matmul => {

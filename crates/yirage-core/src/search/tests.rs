@@ -480,3 +480,13 @@ fn fragments_of_qknorm() {
     assert_eq!(f[0].ops.len(), 5);
     assert!(block::fragments(&gated_mlp(8, 64, 64)).is_empty());
 }
+
+#[test]
+fn tiling_key_drops_op_lists_only() {
+    let a = "matmul ; custom[grid=8x1x1 loop=128: matmul,exp,accum_sum,div]";
+    let b = "matmul ; custom[grid=8x1x1 loop=128: matmul,exp,reduction,accum_iter,div]";
+    let c = "matmul ; custom[grid=16x1x1 loop=64: matmul,exp,accum_sum,div]";
+    assert_eq!(super::tiling_key(a), "matmul ; custom[grid=8x1x1 loop=128]");
+    assert_eq!(super::tiling_key(a), super::tiling_key(b));
+    assert_ne!(super::tiling_key(a), super::tiling_key(c));
+}

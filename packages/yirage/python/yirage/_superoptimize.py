@@ -55,7 +55,7 @@ from yirage._logging import get_logger
 __all__ = ["SuperoptimizeError", "resolve_backend", "superoptimize"]
 
 _log = get_logger("yirage.superoptimize")
-DECISION_VERSION = "3"
+DECISION_VERSION = "4"
 #: Interleaved profiling rounds per candidate (``profile_options={"rounds": n}``).
 PROFILE_ROUNDS = 8
 #: Candidates asked of the search beyond ``top_k``, so that ``top_k`` distinct ones remain.
