@@ -8,6 +8,7 @@ its fingerprint equivalence and float64 agreement with the target. Timings are p
 from __future__ import annotations
 
 import _thread
+import re
 import threading
 import time
 from typing import Any
@@ -251,3 +252,18 @@ def test_backend_by_name_uses_the_registry_spec() -> None:
     assert res.report.backend == "cpu"
     assert res.candidates
     assert yr.equivalent(rmsnorm_linear(8, 256, 256), res.candidates[0].graph)
+
+
+def test_op_spellings_of_one_tiling_are_returned_once() -> None:
+    """``accum_sum`` and ``reduction`` + ``accum_iter`` lower to the same kernels at the same
+    cost: the search keeps one of them and spends ``top_k`` on other tilings."""
+    res = _run(attention(), spec=H100, top_k=12)
+    fused = [c for c in res.candidates if not c.baseline]
+    assert len(fused) >= 4
+    for i, a in enumerate(fused):
+        for b in fused[i + 1 :]:
+            same_kernels = re.sub(r":[^\]]*\]", "]", a.label) == re.sub(r":[^\]]*\]", "]", b.label)
+            close = abs(a.predicted_us - b.predicted_us) <= 1e-4 * max(
+                a.predicted_us, b.predicted_us
+            )
+            assert not (same_kernels and close), (a.label, b.label)

@@ -4,6 +4,7 @@ as a function of records, and the cache."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -203,3 +204,30 @@ def test_profile_rounds_choose_the_variant_with_the_best_recorded_time(
     assert kernel.variant == "triton" and second.median_us == 30.0
     assert kernel.timings == {"triton": 10.0, "triton_split": 15.0}
     assert kernel.contenders == ["triton", "triton_split"]
+
+
+def test_profile_drops_variants_far_behind(interp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After PRUNE_AFTER_CALLS profile calls, a variant over PRUNE_RATIO times the best one is
+    not timed again; the others keep their best time."""
+    from yirage_cuda import _backend
+    from yirage_cuda._backend import CudaKernel
+    from yirage_cuda._runtime import ProfileResult
+
+    speed = {"triton": 10.0, "triton_split": 30.0, "triton_deep": 11.0}
+    timed: list[str] = []
+
+    def fake_profile(launcher: Any, inputs: Any, **kw: Any) -> ProfileResult:
+        timed.append(launcher.name)
+        t = speed[launcher.name]
+        return ProfileResult(t, t, t, t, None, 1, 0, 1, False, "cudagraph", "fake")
+
+    monkeypatch.setattr(_backend, "profile", fake_profile)
+    launchers = {name: SimpleNamespace(name=name, interpret=True) for name in speed}
+    kernel = CudaKernel(launchers)  # type: ignore[arg-type]
+    kernel.contenders = list(speed)
+    for _ in range(5):
+        interp.profile(kernel, inputs=[])
+    calls = _backend.PRUNE_AFTER_CALLS
+    assert timed.count("triton_split") == calls
+    assert timed.count("triton") == timed.count("triton_deep") == 5
+    assert kernel.variant == "triton" and kernel.timings["triton_split"] == 30.0

@@ -59,6 +59,10 @@ _log = get_logger(__name__)
 
 #: Variants slower than this factor times the fastest in a short screen are not profiled.
 SCREEN_FACTOR = 1.5
+#: After this many ``profile`` calls of a kernel, variants slower than ``PRUNE_RATIO`` times its
+#: best variant are no longer timed (superoptimize profiles every candidate in 8 rounds).
+PRUNE_AFTER_CALLS = 2
+PRUNE_RATIO = 1.25
 
 
 @dataclass
@@ -111,6 +115,8 @@ class CudaKernel:
     timings: dict[str, float] = field(default_factory=dict)
     #: variants that passed the screen and the cross-check (decided at the first profile)
     contenders: list[str] | None = None
+    #: ``profile`` calls so far (variants far behind are dropped after ``PRUNE_AFTER_CALLS``)
+    profile_calls: int = 0
 
     @property
     def active(self) -> CudaLauncher:
@@ -420,7 +426,12 @@ class CudaBackend(Backend):
         if kernel.contenders is None:
             kernel.contenders = self._checked(kernel, self._contenders(kernel, inputs), inputs)
         results: dict[str, ProfileResult] = {}
+        kernel.profile_calls += 1
         for name in kernel.contenders:
+            if kernel.profile_calls > PRUNE_AFTER_CALLS and kernel.timings.get(
+                name, 0.0
+            ) > PRUNE_RATIO * min(kernel.timings.values(), default=math.inf):
+                continue  # far behind the best variant after the first calls: cannot win
             try:
                 results[name] = profile(kernel.variants[name], inputs, **options)
             except Exception as exc:

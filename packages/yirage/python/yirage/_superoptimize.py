@@ -26,7 +26,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -58,8 +57,6 @@ _log = get_logger("yirage.superoptimize")
 DECISION_VERSION = "4"
 #: Interleaved profiling rounds per candidate (``profile_options={"rounds": n}``).
 PROFILE_ROUNDS = 8
-#: Candidates asked of the search beyond ``top_k``, so that ``top_k`` distinct ones remain.
-SPARE_CANDIDATES = 4
 
 
 class SuperoptimizeError(YirageError):
@@ -115,31 +112,11 @@ def _is_baseline(cand: Any) -> bool:
 
 
 def _to_profile(candidates: list[Any], top_k: int) -> list[Any]:
-    """The first ``top_k`` distinct fused candidates plus the library baseline (always
-    measured, so the report says whether fusion paid off on this device).
-
-    Candidates with the same predicted time and the same kernels (grids and loop ranges)
-    differ only in how an op is spelled (e.g. ``reduction`` + ``accum_iter`` for
-    ``accum_sum``) and compile to the same memory traffic; only the first is profiled, so
-    the budget goes to different tilings."""
-    fused: list[Any] = []
-    seen: dict[str, list[float]] = {}
-    for c in candidates:
-        if _is_baseline(c) or len(fused) >= top_k:
-            continue
-        label = str(_cand_attr(c, "label") or "")
-        predicted = _num(_cand_attr(c, "predicted_us", "cost_us", "cost"))
-        if label and predicted is not None:
-            same_kernels = seen.setdefault(_KERNEL_OPS.sub("]", label), [])
-            if any(abs(p - predicted) <= 1e-4 * max(p, predicted) for p in same_kernels):
-                continue
-            same_kernels.append(predicted)
-        fused.append(c)
+    """The first ``top_k`` fused candidates plus the library baseline (always measured, so
+    the report says whether fusion paid off on this device). The search already drops
+    candidates that differ from a kept one only in how an op is spelled."""
+    fused = [c for c in candidates if not _is_baseline(c)][:top_k]
     return fused + [c for c in candidates if _is_baseline(c)]
-
-
-#: The op list of a kernel in a candidate label: ``custom[grid=16x1x1 loop=32: matmul,…]``.
-_KERNEL_OPS = re.compile(r":[^\]]*\]")
 
 
 def _describe_plan(plan: Mapping[str, Any]) -> tuple[str, bool]:
@@ -252,7 +229,8 @@ def superoptimize(
     compiled, checked (``check``: against the float64 reference on fresh random inputs,
     relative Frobenius error ≤ 1e-4 for float32, 1e-2 float16, 2e-2 bfloat16) and profiled.
     Passing candidates are profiled round-robin (``PROFILE_ROUNDS`` interleaved turns of
-    about 0.2 s / rounds each; a candidate's time is its best turn's median), so load from
+    about 0.2 s / rounds each, fewer for those far behind after ``PRUNE_AFTER_ROUNDS``; a
+    candidate's time is its best turn's median), so load from
     other processes hits every candidate alike. ``profile_options`` go to the backend's
     ``profile`` (e.g. ``min_time_s``; ``rounds`` sets the number of turns)."""
     if not isinstance(graph, KernelGraph):
@@ -303,9 +281,7 @@ def superoptimize(
                 return kernel
 
     t0 = time.perf_counter()
-    # a few spare candidates: near-duplicates among the best are profiled once (_to_profile)
-    spare = {"top_k": top_k + SPARE_CANDIDATES, **search_options}
-    candidates, search_report = _search(graph, be, config, spare)
+    candidates, search_report = _search(graph, be, config, {"top_k": top_k, **search_options})
     report.search_s = time.perf_counter() - t0
     report.search = search_report
     tensors, reference = reference_for() if check else (check_tensors(be, graph, shapes, seed), [])
@@ -404,10 +380,13 @@ def superoptimize(
             "this process; timings are one rank's with the all_reduce collective replaced by a "
             "local stand-in (no communication)"
         )
-    for _ in range(max(1, rounds)):
+    pruned: set[int] = set()
+    for turn in range(max(1, rounds)):
+        if turn >= PRUNE_AFTER_ROUNDS:
+            pruned |= _out_of_the_race(report, [p[1] for p in passing])
         for _, index, _, _, launcher in passing:
             cr = report.candidates[index]
-            if cr.status != "ok":
+            if cr.status != "ok" or index in pruned:
                 continue
             try:
                 with stand_in():
@@ -425,7 +404,7 @@ def superoptimize(
         if isinstance(timings, dict) and len(timings) > 1:
             times = ", ".join(f"{n} {t:.1f} µs" for n, t in sorted(timings.items()))
             report.candidates[index].description += f" (variant {launcher.variant}: {times})"
-    noisy = _noisy(spread)
+    noisy = _noisy({i: ts for i, ts in spread.items() if i not in pruned})
     if noisy:
         report.notes.append(
             "timings were noisy (a candidate's best profiling round was not reproduced: other "
@@ -462,6 +441,23 @@ def superoptimize(
 
 #: A candidate's best round counts as reproduced when another round is within this factor.
 NOISE_TOLERANCE = 1.25
+#: After this many profiling rounds, candidates slower than ``PRUNE_RATIO`` times the best so far
+#: are not profiled further (they cannot win; cold superoptimize spent 4-5 s profiling).
+PRUNE_AFTER_ROUNDS = 2
+PRUNE_RATIO = 1.25
+
+
+def _out_of_the_race(report: Any, indices: list[int]) -> set[int]:
+    """Candidates among ``indices`` whose best time is over ``PRUNE_RATIO`` times the best one."""
+    times = {
+        i: report.candidates[i].measured_us
+        for i in indices
+        if report.candidates[i].status == "ok" and report.candidates[i].measured_us is not None
+    }
+    if not times:
+        return set()
+    best = min(times.values())
+    return {i for i, t in times.items() if t > best * PRUNE_RATIO}
 
 
 def _noisy(spread: Mapping[int, list[float]]) -> bool:
