@@ -168,18 +168,26 @@ def test_warmup_compiles_without_running() -> None:
 
 def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:
     """On a GPU (codegen needs none) an under-filled kernel is printed split as
-    ``loop_split`` says, split half as many ways, and with deeper pipelines; printings that
-    come out identical are kept once. The interpreter prints only the split."""
+    ``loop_split`` says, split half as many ways, and with deeper pipelines except for
+    attention (safe-softmax) plans; printings that come out identical are kept once. The
+    interpreter prints only the split."""
     from yirage_cuda import CudaBackend
     from yirage_cuda._triton_codegen import DEEP_STAGES
 
-    case = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=32, dtype="float16")
-    src = CudaBackend(cuda_cpp=False).codegen(case.plan)
+    mlp = plans.gated_mlp(b=8, h=4096, n=4096, tn=512, tk=16, dtype="float16")
+    src = CudaBackend(cuda_cpp=False).codegen(mlp.plan)
     tables = {n: _kernels_table(v.text) for n, v in src.triton_variants.items()}
     assert set(tables) == {"triton_split", "triton_split_half", "triton_deep", "triton_split_deep"}
+    assert tables["triton_split"]["gated_mlp"]["split"] == 32  # 8 blocks → ≥ 2 per SM of 132
+    assert tables["triton_split_half"]["gated_mlp"]["split"] == 16
+    assert tables["triton_deep"]["gated_mlp"]["num_stages"] == DEEP_STAGES
+    assert len({v.text for v in src.triton_variants.values()} | {src.triton.text}) == 5
+
+    attn = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=32, dtype="float16")
+    src = CudaBackend(cuda_cpp=False).codegen(attn.plan)
+    tables = {n: _kernels_table(v.text) for n, v in src.triton_variants.items()}
+    assert set(tables) == {"triton_split", "triton_split_half"}
     assert tables["triton_split"]["attn"]["split"] == 32  # 16 blocks → ≥ 2 per SM of 132
     assert tables["triton_split_half"]["attn"]["split"] == 16
-    assert tables["triton_deep"]["attn"]["num_stages"] == DEEP_STAGES
-    assert len({v.text for v in src.triton_variants.values()} | {src.triton.text}) == 5
-    interp = CudaBackend(interpret=True, cuda_cpp=False).codegen(case.plan)
+    interp = CudaBackend(interpret=True, cuda_cpp=False).codegen(attn.plan)
     assert set(interp.triton_variants) == {"triton_split"}

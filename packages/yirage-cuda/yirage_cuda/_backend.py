@@ -291,8 +291,17 @@ class CudaBackend(Backend):
             half = tuple((name, n // 2) for name, n in splits if n >= 4)
             if half and not self.interpret:
                 printings["triton_split_half"] = dataclasses.replace(topts, split_loop=half)
-        # deeper pipelines (not in the interpreter, which ignores the stage count)
-        if not self.interpret and topts.num_stages is None and topts.max_stages < DEEP_STAGES:
+        # deeper pipelines (not in the interpreter, which ignores the stage count), except for
+        # safe-softmax (attention) plans: on the H100 their deep printings never won and took
+        # two of the five Triton compiles of each candidate (cold GQA decode spent 10 s
+        # compiling)
+        attention = any(k.safe_softmax for k in p.generated)
+        if (
+            not self.interpret
+            and not attention
+            and topts.num_stages is None
+            and topts.max_stages < DEEP_STAGES
+        ):
             deep = dataclasses.replace(topts, max_stages=DEEP_STAGES)
             printings["triton_deep"] = deep
             if splits:
