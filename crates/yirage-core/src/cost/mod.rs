@@ -103,7 +103,7 @@ pub const GPU_COMBINE_US: f64 = 1.0;
 /// Fraction of the memory bandwidth a vendor library reaches on a skinny matmul (at most
 /// [`GPU_SKINNY_ROWS`] rows: memory-bound, GEMV-like) relative to a generated kernel.
 /// Measured on an H100: cuBLAS ran X[8,4096]·W[4096,6144] fp16 in 20.5 µs where the model
-/// predicted 17.7 µs, and the fused RMSNorm + Linear kernel it had put at 20.1 µs in 20.1.
+/// predicted 17.7 µs, while its 20.1 µs for the fused RMSNorm + Linear kernel held.
 pub const GPU_LIBRARY_SKINNY_BW: f64 = 0.85;
 /// Rows up to which a matmul counts as skinny for [`GPU_LIBRARY_SKINNY_BW`].
 pub const GPU_SKINNY_ROWS: u64 = 16;
