@@ -24,6 +24,10 @@ cpu_only = pytest.mark.skipif(
 needs_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="torch is not installed"
 )
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is not installed (pip install triton runs this test)",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -325,7 +329,7 @@ def test_search_splits_at_all_reduce() -> None:
 
 
 @needs_torch
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_cuda_host_code_runs_all_reduce_in_the_interpreter(rng: np.random.Generator) -> None:
     import torch
 

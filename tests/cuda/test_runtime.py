@@ -207,8 +207,8 @@ def test_profile_rounds_choose_the_variant_with_the_best_recorded_time(
 
 
 def test_profile_drops_variants_far_behind(interp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After PRUNE_AFTER_CALLS profile calls, a variant over PRUNE_RATIO times the best one is
-    not timed again; the others keep their best time."""
+    """After PRUNE_AFTER_ROUNDS profile calls, a variant over PRUNE_RATIO times the best one
+    is not timed again; the others keep their best time."""
     from yirage_cuda import _backend
     from yirage_cuda._backend import CudaKernel
     from yirage_cuda._runtime import ProfileResult
@@ -227,7 +227,7 @@ def test_profile_drops_variants_far_behind(interp: Any, monkeypatch: pytest.Monk
     kernel.contenders = list(speed)
     for _ in range(5):
         interp.profile(kernel, inputs=[])
-    calls = _backend.PRUNE_AFTER_CALLS
+    calls = _backend.PRUNE_AFTER_ROUNDS
     assert timed.count("triton_split") == calls
     assert timed.count("triton") == timed.count("triton_deep") == 5
     assert kernel.variant == "triton" and kernel.timings["triton_split"] == 30.0

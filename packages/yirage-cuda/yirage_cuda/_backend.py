@@ -34,6 +34,7 @@ from typing import Any
 from yirage import Backend, DeviceSpec, ProbeResult, VerificationLevel, _cache
 from yirage._errors import BackendError
 from yirage._logging import get_logger
+from yirage._superoptimize import PRUNE_AFTER_ROUNDS, PRUNE_RATIO
 from yirage_cuda import _device_spec, _probe, _toolchain, _verification
 from yirage_cuda._cuda_codegen import CudaCppOptions, CudaCppSource, generate_cuda
 from yirage_cuda._plan import Plan, parse_plan
@@ -59,10 +60,6 @@ _log = get_logger(__name__)
 
 #: Variants slower than this factor times the fastest in a short screen are not profiled.
 SCREEN_FACTOR = 1.5
-#: After this many ``profile`` calls of a kernel, variants slower than ``PRUNE_RATIO`` times its
-#: best variant are no longer timed (superoptimize profiles every candidate in 8 rounds).
-PRUNE_AFTER_CALLS = 2
-PRUNE_RATIO = 1.25
 
 
 @dataclass
@@ -115,7 +112,8 @@ class CudaKernel:
     timings: dict[str, float] = field(default_factory=dict)
     #: variants that passed the screen and the cross-check (decided at the first profile)
     contenders: list[str] | None = None
-    #: ``profile`` calls so far (variants far behind are dropped after ``PRUNE_AFTER_CALLS``)
+    #: ``profile`` calls so far: after superoptimize's ``PRUNE_AFTER_ROUNDS`` rounds, variants
+    #: over ``PRUNE_RATIO`` times the best are no longer timed, as candidates are not
     profile_calls: int = 0
 
     @property
@@ -437,7 +435,7 @@ class CudaBackend(Backend):
         results: dict[str, ProfileResult] = {}
         kernel.profile_calls += 1
         for name in kernel.contenders:
-            if kernel.profile_calls > PRUNE_AFTER_CALLS and kernel.timings.get(
+            if kernel.profile_calls > PRUNE_AFTER_ROUNDS and kernel.timings.get(
                 name, 0.0
             ) > PRUNE_RATIO * min(kernel.timings.values(), default=math.inf):
                 continue  # far behind the best variant after the first calls: cannot win
