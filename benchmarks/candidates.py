@@ -3,6 +3,7 @@ candidates under several Triton printings (loop splits, pipeline depths), each c
 against the workload's PyTorch reference.
 
     python benchmarks/candidates.py gqa_decode --preset gpu --top 4 --splits 1 4 16
+    python benchmarks/candidates.py gqa_decode --preset gpu_kv16384 --match "grid=16x1x1"
 
 Prints one line per (candidate, split, stages): median µs, relative error, the split chosen
 by ``loop_split`` for comparison. Needs a CUDA GPU, torch and triton.
@@ -37,6 +38,14 @@ def main() -> None:
     ap.add_argument("workload")
     ap.add_argument("--preset", default="gpu")
     ap.add_argument("--top", type=int, default=4)
+    ap.add_argument(
+        "--match",
+        nargs="+",
+        default=[],
+        help="search this many more candidates (--search) and keep those whose label contains "
+        "one of these strings, e.g. 'grid=16x1x1 loop=128'",
+    )
+    ap.add_argument("--search", type=int, default=60)
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--stages", type=int, nargs="+", default=[0], help="0: the printer's choice")
     args = ap.parse_args()
@@ -44,11 +53,17 @@ def main() -> None:
     w = _workloads.get_workload(args.workload)
     g = w.graph(args.preset)
     sms = device_info().sm_count
-    res = yr.search(g, backend="cuda", config=w.search_config, top_k=args.top, cache=False)
+    k = args.search if args.match else args.top
+    res = yr.search(g, backend="cuda", config=w.search_config, top_k=k, cache=False)
+    chosen_cands = [
+        (rank, c)
+        for rank, c in enumerate(res.candidates)
+        if not args.match or any(m in str(c) for m in args.match)
+    ][: args.top + 1]
     xs = w.inputs(args.preset, device="cuda")
     refs = w.reference(*[x.float() for x in xs])
     print(f"{args.workload} {args.preset} on {torch.cuda.get_device_name()} ({sms} SMs)")
-    for rank, cand in enumerate(res.candidates[: args.top + 1]):
+    for rank, cand in chosen_cands:
         plan = cand.kernel_plan()
         p = parse_plan(plan)
         auto = {k.name: loop_split(k, sms) for k in p.generated}

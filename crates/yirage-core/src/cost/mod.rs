@@ -30,7 +30,7 @@
 //! **GPU streaming terms** (vendors `cuda`/`rocm`, generated kernels only; measured on an
 //! H100, where fused kernels with 64 blocks and 16-row K tiles ran 3–6× slower than the
 //! bytes predict): with `tile` = bytes one block reads per for-loop iteration, `S` =
-//! min([`GPU_STAGES`], F) pipeline stages and `resident` = blocks per unit that fit in
+//! min([`GPU_STAGES`], F, tiles that fit in shared memory) pipeline stages and `resident` = blocks per unit that fit in
 //! shared memory with `S` stage buffers (≤ [`GPU_MAX_RESIDENT`]),
 //! * **idle units**: fewer blocks than units draw at most `blocks / units` of the
 //!   bandwidth (replaces the [`MEM_UNITS_FACTOR`] rule);
@@ -45,6 +45,9 @@
 //!   math, pipeline bookkeeping) plus [`GPU_COMPUTED_OPERAND_US`] per matmul whose operand
 //!   is computed in the loop, overlapping only across resident blocks:
 //!   `F × per-iteration × max(1, blocks / (resident × units))` is added;
+//! * **unbuffered loops**: where shared memory holds fewer than two tiles, every
+//!   iteration also waits [`GPU_MEM_LATENCY_US`] for its load (GQA decode at kv 16384 with
+//!   128 KB of K and V per iteration ran 66 µs on the H100, with 64 KB ones 54 µs);
 //! * **coalescing**: an input tile whose rows are shorter than [`GPU_COALESCE_BYTES`] is
 //!   charged `GPU_COALESCE_BYTES / row bytes` times its bytes;
 //! * **skinny library matmuls** (≤ [`GPU_SKINNY_ROWS`] rows) reach only
@@ -83,8 +86,9 @@ pub const GPU_ITER_US: f64 = 0.1;
 /// ops or reductions) above which they spill or cut occupancy; bandwidth is charged at
 /// `GPU_TILE_BYTES_MAX / staged` beyond it. Tiles read only by matmuls go to shared memory
 /// through the pipeline and do not count (on the H100, GQA decode with 64 KB K+V tiles per
-/// iteration ran 1.9x faster than with 16 KB ones).
-pub const GPU_TILE_BYTES_MAX: f64 = 24.0 * 1024.0;
+/// iteration ran 1.9x faster than with 16 KB ones; QK-norm attention with 32 KB K tiles
+/// normalised in registers ran 17.6 µs split 16 ways, with 16 KB ones 19.4 µs).
+pub const GPU_TILE_BYTES_MAX: f64 = 32.0 * 1024.0;
 /// GPU: extra latency (µs) per for-loop iteration of each matmul whose operand is computed
 /// in the loop: the operand goes from registers through shared memory (layout conversion,
 /// barrier) after the ops that produce it, so loads cannot hide it. On the H100, fused GQA
@@ -328,8 +332,9 @@ pub struct KernelProfile {
     pub low_precision: bool,
     /// For-loop steps of a generated kernel (0 or 1: no loop).
     pub forloop: u32,
-    /// Matmuls in the loop body with an operand computed in the loop (attention's P·V):
-    /// see [`GPU_COMPUTED_OPERAND_US`].
+    /// Dots in the loop body (one per batch entry of a tile matmul) with an operand computed
+    /// in the loop (attention's P·V) or converted from fp32 for 16-bit matrix units: see
+    /// [`GPU_COMPUTED_OPERAND_US`].
     pub computed_operand_matmuls: u32,
 }
 
@@ -452,9 +457,11 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
     if spec.is_streaming_gpu() && !p.library && blocks > 0 {
         let b = blocks as f64;
         let f = (p.forloop / split).max(1);
-        let stages = GPU_STAGES.min(f).max(1) as f64;
         let read: f64 = p.reads.iter().map(|r| r.total_bytes).sum();
         let tile = read / (b * f as f64);
+        // pipeline stages whose tiles fit in a block's shared memory
+        let fit = (spec.shared_mem_per_block as f64 / tile.max(1.0)).floor();
+        let stages = (GPU_STAGES.min(f) as f64).min(fit).max(1.0);
         let staged: f64 = p
             .reads
             .iter()
@@ -479,7 +486,14 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
             u *= (GPU_TILE_BYTES_MAX / once.max(1.0)).min(1.0);
         }
         mem_util = u.max(1e-6);
-        let per_iter = GPU_ITER_US + p.computed_operand_matmuls as f64 * GPU_COMPUTED_OPERAND_US;
+        // a loop whose tiles cannot be double-buffered waits for each tile's load
+        let unbuffered = if f > 1 && fit < 2.0 {
+            GPU_MEM_LATENCY_US
+        } else {
+            0.0
+        };
+        let per_iter =
+            GPU_ITER_US + p.computed_operand_matmuls as f64 * GPU_COMPUTED_OPERAND_US + unbuffered;
         iter_us = f as f64 * per_iter * (b / (resident * cu)).max(1.0);
     }
     let memory_us = mem / mem_util;
@@ -663,6 +677,32 @@ mod tests {
             kernel_cost(&spec, &attention(32, 1)).total_us
                 < kernel_cost(&spec, &attention(128, 1)).total_us
         );
+    }
+
+    #[test]
+    fn loops_whose_tiles_cannot_be_double_buffered_wait_for_each_load() {
+        let spec = DeviceSpec::h100();
+        // the same bytes and iterations, 64 KB or 128 KB of tiles per iteration (blocks 8 or
+        // 16 so the grid stays the same size per byte)
+        let kernel = |blocks: u64, forloop| KernelProfile {
+            blocks,
+            forloop,
+            reads: vec![ReadProfile {
+                unique_bytes: 134e6,
+                total_bytes: 134e6,
+                run_bytes: 256.0,
+                staged: false,
+                once: false,
+            }],
+            low_precision: true,
+            ..Default::default()
+        };
+        // 64 KB: three stages fit in shared memory; 128 KB: one, every iteration waits
+        let buffered = kernel_cost_split(&spec, &kernel(16, 128), 16);
+        let unbuffered = kernel_cost_split(&spec, &kernel(16, 64), 16);
+        let waves = (256.0 / spec.compute_units as f64).max(1.0);
+        let extra = unbuffered.total_us - buffered.total_us;
+        assert!(extra > 0.9 * 4.0 * GPU_MEM_LATENCY_US * waves, "{extra}");
     }
 
     #[test]

@@ -399,17 +399,29 @@ pub fn profile_of(
         }
     }
     p.write_bytes = out_bytes.iter().sum();
+    // a batched tile matmul is one dot per batch entry, each waiting for its operand
     p.computed_operand_matmuls = tiles
         .iter()
         .filter(|t| t.kind == TileKind::Matmul && t.in_loop)
         .filter(|t| {
+            // an fp32 tile (an intermediate) feeding a 16-bit dot is converted in registers
+            // on its way to the matrix units, like a computed operand
             t.operands.iter().any(|&o| {
-                tiles
-                    .get(o)
-                    .is_some_and(|x| x.in_loop && !matches!(x.kind, TileKind::Input { .. }))
+                tiles.get(o).is_some_and(|x| {
+                    x.in_loop
+                        && match x.kind {
+                            TileKind::Input { elem_bytes, .. } => low_precision && elem_bytes > 2,
+                            _ => true,
+                        }
+                })
             })
         })
-        .count() as u32;
+        .map(|t| {
+            t.dims[..t.dims.len().saturating_sub(2)]
+                .iter()
+                .product::<usize>()
+        })
+        .sum::<usize>() as u32;
     p
 }
 
@@ -1036,6 +1048,40 @@ mod tests {
         let p = block_profile(&bg, &[2, 2, 2], &[4], true);
         assert_eq!(p.computed_operand_matmuls, 1);
         assert!(p.reads.iter().all(|r| !r.staged));
+        // two heads per block: the tile matmul is two dots, each waiting for its operand
+        let mut bg2 = BlockGraph::new([2, 1, 1], [128, 1, 1], 8, 1).unwrap();
+        let q = bg2
+            .new_input(&[4, 4, 64], DType::F16, [0, -1, -1], -1)
+            .unwrap();
+        let kt = bg2
+            .new_input(&[4, 64, 256], DType::F16, [0, -1, -1], 2)
+            .unwrap();
+        let v = bg2
+            .new_input(&[4, 256, 64], DType::F16, [0, -1, -1], 1)
+            .unwrap();
+        let e = bg2.matmul(q, kt).unwrap();
+        let e = bg2.unary(UnaryOp::Exp, e).unwrap();
+        let o = bg2.matmul(e, v).unwrap();
+        let acc = bg2.forloop_accum(o, AccumKind::Iter).unwrap();
+        bg2.new_output(acc, [0, -1, -1]).unwrap();
+        assert_eq!(
+            block_profile(&bg2, &[2, 2, 2], &[4], true).computed_operand_matmuls,
+            2
+        );
+        // P · V with P loaded: converted in registers when P is an fp32 intermediate
+        let mut pv = BlockGraph::new([4, 1, 1], [128, 1, 1], 8, 1).unwrap();
+        let pt = pv
+            .new_input(&[4, 4, 256], DType::F16, [0, -1, -1], 2)
+            .unwrap();
+        let v = pv
+            .new_input(&[4, 256, 64], DType::F16, [0, -1, -1], 1)
+            .unwrap();
+        let o = pv.matmul(pt, v).unwrap();
+        let acc = pv.forloop_accum(o, AccumKind::Iter).unwrap();
+        pv.new_output(acc, [0, -1, -1]).unwrap();
+        let computed =
+            |p_bytes| block_profile(&pv, &[p_bytes, 2], &[4], true).computed_operand_matmuls;
+        assert_eq!((computed(2), computed(4)), (0, 1));
     }
 
     #[test]

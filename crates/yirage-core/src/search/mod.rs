@@ -56,6 +56,26 @@ pub const PER_STRUCTURE: usize = 2;
 /// time (on the H100 the fused RMSNorm + Linear profiled at 21.3–28.1 µs over four K tiles
 /// and grids the model put within 4 % of each other), so the device profiles more of them.
 pub const PER_LEADING_STRUCTURE: usize = 4;
+/// The last of the top-k goes to the best candidate with the fewest kernels when its
+/// estimate is within this factor of the best one's and no such candidate is in yet: the
+/// model errs most between structures of different kernel counts (on the H100, GQA decode
+/// at kv 16384 as two kernels was predicted 52 µs and ran 76; the single fused kernel,
+/// predicted 55, ran 54).
+pub const FEWEST_KERNELS_RATIO: f64 = 1.25;
+
+/// Whether a candidate of `kernels` kernels must wait: one slot is left of `top_k`, and the
+/// candidates in (`verified_kernels`) have none of the `fewest` kernels that a close enough
+/// candidate has (see [`FEWEST_KERNELS_RATIO`]).
+fn held_for_fewest(
+    verified_kernels: &[usize],
+    fewest: Option<usize>,
+    top_k: usize,
+    kernels: usize,
+) -> bool {
+    fewest.is_some_and(|n| {
+        kernels != n && verified_kernels.len() + 1 == top_k && !verified_kernels.contains(&n)
+    })
+}
 
 /// A candidate label without the op lists of its kernels (`custom[grid=8x1x1 loop=4: a,b]`
 /// becomes `custom[grid=8x1x1 loop=4]`): its kernels and tilings only.
@@ -800,6 +820,13 @@ fn search_in_pool(
     let mut seen_tilings = std::collections::HashMap::new();
     let mut skipped = vec![];
     let order: Vec<usize> = (0..reals.len()).collect();
+    let best_est = reals.first().map_or(0.0, |r| r.est_us);
+    let fewest = reals
+        .iter()
+        .filter(|r| r.est_us <= FEWEST_KERNELS_RATIO * best_est)
+        .map(|r| skeletons[r.skel].ops.len())
+        .min();
+    let mut verified_kernels: Vec<usize> = vec![];
     let mut second = false;
     let mut queue = order.clone();
     let mut qi = 0;
@@ -823,7 +850,11 @@ fn search_in_pool(
         } else {
             PER_STRUCTURE
         };
-        if !second && per_skel[r.skel] >= cap {
+        let kernels = skeletons[r.skel].ops.len();
+        if !second
+            && (per_skel[r.skel] >= cap
+                || held_for_fewest(&verified_kernels, fewest, cfg.top_k, kernels))
+        {
             skipped.push(queue[qi - 1]);
             continue;
         }
@@ -874,6 +905,7 @@ fn search_in_pool(
         let ok = fingerprint(&g, cfg.trials, cfg.seed, None).is_ok_and(|f| f == tfp);
         if ok {
             per_skel[r.skel] += 1;
+            verified_kernels.push(kernels);
             leader.get_or_insert(r.skel);
             p.verified.fetch_add(1, Ordering::Relaxed);
             verified.push(Candidate {

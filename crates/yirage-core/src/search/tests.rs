@@ -490,3 +490,15 @@ fn tiling_key_drops_op_lists_only() {
     assert_eq!(super::tiling_key(a), super::tiling_key(b));
     assert_ne!(super::tiling_key(a), super::tiling_key(c));
 }
+
+#[test]
+fn last_slot_waits_for_the_fewest_kernels() {
+    // two of three slots hold two-kernel candidates: a third two-kernel one waits while a
+    // single-kernel candidate is close enough to the best, a one-kernel one does not
+    assert!(held_for_fewest(&[2, 2], Some(1), 3, 2));
+    assert!(!held_for_fewest(&[2, 2], Some(1), 3, 1));
+    // slots left over, a single kernel already in, or none close enough: nothing waits
+    assert!(!held_for_fewest(&[2], Some(1), 3, 2));
+    assert!(!held_for_fewest(&[1, 2], Some(1), 3, 2));
+    assert!(!held_for_fewest(&[2, 2], None, 3, 2));
+}
