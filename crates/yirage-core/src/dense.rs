@@ -110,12 +110,21 @@ fn pad4(d: &[usize], s: &[usize]) -> ([usize; 4], [usize; 4]) {
     (dd, ss)
 }
 
+/// Elements of an elementwise op from which it runs on the rayon pool (each element is
+/// independent, so the result does not depend on the threads).
+const PAR_ELEMENTWISE: usize = 1 << 16;
+
 /// Elementwise unary op.
 pub fn unary<D: Domain>(d: &D, op: UnaryOp, x: &Dense<D::V>) -> Dense<D::V> {
     let f = d.unary_fn(op);
+    let data = if x.data.len() >= PAR_ELEMENTWISE {
+        x.data.par_iter().map(|&v| f(v)).collect()
+    } else {
+        x.data.iter().map(|&v| f(v)).collect()
+    };
     Dense {
         dims: x.dims.clone(),
-        data: x.data.iter().map(|&v| f(v)).collect(),
+        data,
     }
 }
 
@@ -132,7 +141,7 @@ pub fn map<D: Domain>(x: &Dense<D::V>, f: impl Fn(D::V) -> D::V) -> Dense<D::V> 
 pub fn binary_with<D: Domain>(
     a: &Dense<D::V>,
     b: &Dense<D::V>,
-    f: impl Fn(D::V, D::V) -> D::V,
+    f: impl Fn(D::V, D::V) -> D::V + Sync + Send,
 ) -> Dense<D::V> {
     let r = a.dims.len().max(b.dims.len());
     let (pa, pb) = (
@@ -141,10 +150,16 @@ pub fn binary_with<D: Domain>(
     );
     let out: Dims = pa.iter().zip(&pb).map(|(&x, &y)| x.max(y)).collect();
     if pa == pb {
-        return Dense {
-            dims: out,
-            data: a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect(),
+        let data = if a.data.len() >= PAR_ELEMENTWISE {
+            a.data
+                .par_iter()
+                .zip(&b.data)
+                .map(|(&x, &y)| f(x, y))
+                .collect()
+        } else {
+            a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect()
         };
+        return Dense { dims: out, data };
     }
     // strides of an operand (promoted to rank r), 0 along its broadcast dims
     let bstr = |d: &[usize]| -> Vec<usize> {
@@ -157,24 +172,49 @@ pub fn binary_with<D: Domain>(
     let (od, _) = pad4(&out, &strides(&out));
     let (_, sa) = pad4(&pa, &bstr(&pa));
     let (_, sb) = pad4(&pb, &bstr(&pb));
-    let mut data = Vec::with_capacity(numel(&out));
-    for i0 in 0..od[0] {
-        for i1 in 0..od[1] {
-            for i2 in 0..od[2] {
-                let ba = i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
-                let bb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
-                for i3 in 0..od[3] {
-                    data.push(f(a.data[ba + i3 * sa[3]], b.data[bb + i3 * sb[3]]));
-                }
-            }
-        }
-    }
+    // one innermost row (the last dim) per task, in order
+    let row = |ri: usize| {
+        let (i0, i1, i2) = (ri / (od[1] * od[2]), ri / od[2] % od[1], ri % od[2]);
+        let ba = i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
+        let bb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+        (0..od[3]).map(move |i3| (a.data[ba + i3 * sa[3]], b.data[bb + i3 * sb[3]]))
+    };
+    let rows = od[0] * od[1] * od[2];
+    let data = if numel(&out) >= PAR_ELEMENTWISE {
+        (0..rows)
+            .into_par_iter()
+            .flat_map_iter(|ri| row(ri).map(|(x, y)| f(x, y)))
+            .collect()
+    } else {
+        (0..rows)
+            .flat_map(|ri| row(ri).map(|(x, y)| f(x, y)))
+            .collect()
+    };
     Dense { dims: out, data }
 }
 
-/// Elementwise binary op from the vocabulary.
+/// Elementwise binary op from the vocabulary. A divisor with fewer elements than the result
+/// (broadcast) is inverted once per element where the domain divides by reciprocals (the
+/// field: one exponentiation per inverse), not once per output element.
 pub fn binary<D: Domain>(d: &D, op: BinaryOp, a: &Dense<D::V>, b: &Dense<D::V>) -> Dense<D::V> {
+    if op == BinaryOp::Div && d.divides_by_reciprocal() && b.data.len() < a.data.len() {
+        let inv = unary_map(b, |y| d.recip(y));
+        return binary_with::<D>(a, &inv, |x, y| d.mul(x, y));
+    }
     binary_with::<D>(a, b, |x, y| d.binary(op, x, y))
+}
+
+/// `f` over every element (on the rayon pool when large).
+fn unary_map<V: Copy + Send + Sync>(x: &Dense<V>, f: impl Fn(V) -> V + Sync + Send) -> Dense<V> {
+    let data = if x.data.len() >= PAR_ELEMENTWISE {
+        x.data.par_iter().map(|&v| f(v)).collect()
+    } else {
+        x.data.iter().map(|&v| f(v)).collect()
+    };
+    Dense {
+        dims: x.dims.clone(),
+        data,
+    }
 }
 
 /// Batched matmul over equal leading dims (dims validated upstream).
@@ -312,6 +352,41 @@ mod tests {
 
     fn t(dims: &[usize], v: &[f64]) -> Tensor {
         Dense::new(dims.to_vec(), v.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn large_and_broadcast_elementwise_ops_match_the_scalar_ops() {
+        // [8, 64, 300] ÷ [8, 1, 300] and × [300]: over PAR_ELEMENTWISE elements, so the
+        // parallel paths and the field's reciprocal-once division run
+        use crate::field::{fv_from_key, Fv};
+        use crate::fingerprint::FieldDomain;
+        let d = FieldDomain::new(1, 0);
+        let fill = |dims: &[usize], k: u64| Dense {
+            dims: dims.to_vec(),
+            data: (0..numel(dims) as u64)
+                .map(|j| fv_from_key(k * 1_000_003 + j))
+                .collect::<Vec<Fv>>(),
+        };
+        let a = fill(&[8, 64, 300], 1);
+        let b = fill(&[8, 1, 300], 2);
+        let c = fill(&[300], 3);
+        assert!(a.data.len() >= PAR_ELEMENTWISE);
+        let q = binary(&d, BinaryOp::Div, &a, &b);
+        let p = binary(&d, BinaryOp::Mul, &a, &c);
+        for (i, (&x, (&qv, &pv))) in a.data.iter().zip(q.data.iter().zip(&p.data)).enumerate() {
+            let (r, col) = (i / (64 * 300), i % 300);
+            assert_eq!(qv, x / b.data[r * 300 + col]);
+            assert_eq!(pv, x * c.data[col]);
+        }
+        let e = unary(&d, UnaryOp::Exp, &a);
+        assert!(e.data.iter().zip(&a.data).all(|(&y, &x)| y == x.exp()));
+        // the f64 domain divides (no reciprocals): 1/3 ÷ 3 is not (1/3)·(1/3) in general
+        let x = t(&[1, 2], &[1.0 / 3.0, 0.1]);
+        let y = t(&[1, 1], &[3.0]);
+        assert_eq!(
+            binary(&F64, BinaryOp::Div, &x, &y).data,
+            [1.0 / 3.0 / 3.0, 0.1 / 3.0]
+        );
     }
 
     #[test]

@@ -27,6 +27,15 @@ pub trait Domain: Sync {
     fn unary_fn<'a>(&'a self, op: UnaryOp) -> Box<dyn Fn(Self::V) -> Self::V + Send + Sync + 'a>;
     /// An elementwise binary op.
     fn binary(&self, op: BinaryOp, a: Self::V, b: Self::V) -> Self::V;
+    /// Whether `a / b` is exactly `a · recip(b)` here (the field; not f64, which rounds),
+    /// so a broadcast divisor can be inverted once per element.
+    fn divides_by_reciprocal(&self) -> bool {
+        false
+    }
+    /// `1 / b` (used only where [`Domain::divides_by_reciprocal`]).
+    fn recip(&self, b: Self::V) -> Self::V {
+        self.div(self.constant(1.0), b)
+    }
 
     /// `Σ_i f(i)` for `i < n`, summed in index order (domains may reduce lazily).
     fn sum(&self, n: usize, f: impl Fn(usize) -> Self::V) -> Self::V {

@@ -99,6 +99,12 @@ impl Domain for FieldDomain {
     fn sqrt(&self, a: Fv) -> Fv {
         a.sqrt()
     }
+    fn divides_by_reciprocal(&self) -> bool {
+        true // a / b is defined as a · b⁻¹
+    }
+    fn recip(&self, b: Fv) -> Fv {
+        b.inv()
+    }
     fn div_count(&self, x: Fv, n: usize) -> Fv {
         x * Fv::from_int(n as i128).inv()
     }
