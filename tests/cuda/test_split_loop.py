@@ -124,7 +124,8 @@ def _kernels_table(text: str) -> dict[str, dict[str, Any]]:
 
 def test_split_pipeline_depth() -> None:
     """A split part kernel is never pipelined deeper than its share of the loop, and by
-    default shallow enough for two blocks per SM; the deep printing keeps more stages."""
+    default shallow enough for two blocks per SM unless that leaves one stage (then two, for
+    one block); the deep printing keeps more stages."""
     from yirage_cuda._plan import parse_plan
     from yirage_cuda._triton_codegen import DEEP_STAGES, TritonOptions, generate_triton
 
@@ -137,10 +138,17 @@ def test_split_pipeline_depth() -> None:
     # 32 iterations split 32 ways: one iteration per block, nothing to pipeline
     one = TritonOptions(smem_limit=smem, split_loop=(("attn", 32),))
     assert _kernels_table(generate_triton(case.plan, one).text)["attn"]["num_stages"] == 1
-    # 8 ways: 4 iterations per block; two blocks per SM leave room for one stage each
+    # 8 ways: 4 iterations per block; two blocks per SM would leave room for one stage
+    # each, so the part keeps the two stages that double-buffer one block
     eight = TritonOptions(smem_limit=smem, split_loop=(("attn", 8),))
     table = _kernels_table(generate_triton(case.plan, eight).text)
-    assert table["attn"]["num_stages"] == smem // (2 * k.smem_bytes)
+    assert smem // (2 * k.smem_bytes) == 1
+    assert table["attn"]["num_stages"] == 2
+    # with 32 KB tiles two blocks of three stages fit
+    small = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=64, dtype="float16")
+    (ks,) = parse_plan(small.plan).generated
+    st = _kernels_table(generate_triton(small.plan, eight).text)["attn"]["num_stages"]
+    assert st == min(3, smem // (2 * ks.smem_bytes)) == 3
     assert table["attn_combine"]["num_stages"] == 1
     deep = TritonOptions(smem_limit=smem, split_loop=(("attn", 8),), max_stages=DEEP_STAGES)
     stages = _kernels_table(generate_triton(case.plan, deep).text)["attn"]["num_stages"]

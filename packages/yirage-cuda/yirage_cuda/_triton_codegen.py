@@ -56,7 +56,7 @@ from yirage_cuda._plan import (
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton", "loop_split"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-6"
+CODEGEN_VERSION = "triton-7"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -686,8 +686,10 @@ class _KernelPrinter:
         """Pipeline depth of the part kernel of a loop split ``n_split`` ways: never deeper
         than its share of the loop (deeper buffers only cost shared memory), and by default
         shallow enough for two blocks per SM, since a split kernel hides latency with many
-        resident blocks rather than a deep pipeline; the deep printing (``max_stages`` above
-        the default) keeps the deepest pipeline that fits instead."""
+        resident blocks rather than a deep pipeline — but double-buffered where two stages
+        fit one block (GQA decode with 64 KB K+V tiles split 16 ways ran 12.8 µs with two
+        stages, 13.3 µs with one, on the H100); the deep printing (``max_stages`` above the
+        default) keeps the deepest pipeline that fits instead."""
         st = min(self.stages(), max(1, self.k.forloop_range // n_split))
         if (
             self.opts.num_stages is None
@@ -695,7 +697,9 @@ class _KernelPrinter:
             and self.opts.smem_limit
             and self.k.smem_bytes
         ):
-            st = min(st, max(1, self.opts.smem_limit // (2 * self.k.smem_bytes)))
+            two_blocks = self.opts.smem_limit // (2 * self.k.smem_bytes)
+            double = 2 if 2 * self.k.smem_bytes <= self.opts.smem_limit else 1
+            st = min(st, max(1, two_blocks, double))
         return st
 
     def _partition(self) -> tuple[list[TileOp], list[TileOp], list[TileOp]]:
