@@ -116,16 +116,7 @@ const PAR_ELEMENTWISE: usize = 1 << 16;
 
 /// Elementwise unary op.
 pub fn unary<D: Domain>(d: &D, op: UnaryOp, x: &Dense<D::V>) -> Dense<D::V> {
-    let f = d.unary_fn(op);
-    let data = if x.data.len() >= PAR_ELEMENTWISE {
-        x.data.par_iter().map(|&v| f(v)).collect()
-    } else {
-        x.data.iter().map(|&v| f(v)).collect()
-    };
-    Dense {
-        dims: x.dims.clone(),
-        data,
-    }
+    unary_map(x, d.unary_fn(op))
 }
 
 /// Elementwise map with a closure.

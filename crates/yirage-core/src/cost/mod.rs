@@ -30,8 +30,9 @@
 //! **GPU streaming terms** (vendors `cuda`/`rocm`, generated kernels only; measured on an
 //! H100, where fused kernels with 64 blocks and 16-row K tiles ran 3–6× slower than the
 //! bytes predict): with `tile` = bytes one block reads per for-loop iteration, `S` =
-//! min([`GPU_STAGES`], F, tiles that fit in shared memory) pipeline stages and `resident` = blocks per unit that fit in
-//! shared memory with `S` stage buffers (≤ [`GPU_MAX_RESIDENT`]),
+//! min([`GPU_STAGES`], F, tiles that fit in shared memory) pipeline stages and `resident` =
+//! blocks per unit that fit in shared memory with `S` stage buffers (≤
+//! [`GPU_MAX_RESIDENT`]),
 //! * **idle units**: fewer blocks than units draw at most `blocks / units` of the
 //!   bandwidth (replaces the [`MEM_UNITS_FACTOR`] rule);
 //! * **bytes in flight** (Little's law): the running blocks keep `running × S × tile` bytes

@@ -63,9 +63,9 @@ pub const PER_LEADING_STRUCTURE: usize = 4;
 /// predicted 55, ran 54).
 pub const FEWEST_KERNELS_RATIO: f64 = 1.25;
 
-/// Whether a candidate of `kernels` kernels must wait: one slot is left of `top_k`, and the
-/// candidates in (`verified_kernels`) have none of the `fewest` kernels that a close enough
-/// candidate has (see [`FEWEST_KERNELS_RATIO`]).
+/// Whether a candidate of `kernels` kernels must wait: one slot is left of `top_k` (≥ 2, so
+/// the best estimate always gets one), and the candidates in (`verified_kernels`) have none
+/// of the `fewest` kernels that a close enough candidate has (see [`FEWEST_KERNELS_RATIO`]).
 fn held_for_fewest(
     verified_kernels: &[usize],
     fewest: Option<usize>,
@@ -73,7 +73,10 @@ fn held_for_fewest(
     kernels: usize,
 ) -> bool {
     fewest.is_some_and(|n| {
-        kernels != n && verified_kernels.len() + 1 == top_k && !verified_kernels.contains(&n)
+        top_k >= 2
+            && kernels != n
+            && verified_kernels.len() + 1 == top_k
+            && !verified_kernels.contains(&n)
     })
 }
 

@@ -501,4 +501,6 @@ fn last_slot_waits_for_the_fewest_kernels() {
     assert!(!held_for_fewest(&[2], Some(1), 3, 2));
     assert!(!held_for_fewest(&[1, 2], Some(1), 3, 2));
     assert!(!held_for_fewest(&[2, 2], None, 3, 2));
+    // a top-1 search returns the best estimate
+    assert!(!held_for_fewest(&[], Some(1), 1, 2));
 }
