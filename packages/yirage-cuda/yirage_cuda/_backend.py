@@ -113,7 +113,7 @@ class CudaKernel:
     #: variants that passed the screen and the cross-check (decided at the first profile)
     contenders: list[str] | None = None
     #: ``profile`` calls so far: after superoptimize's ``PRUNE_AFTER_ROUNDS`` rounds, variants
-    #: over ``PRUNE_RATIO`` times the best are no longer timed, as candidates are not
+    #: over ``PRUNE_RATIO`` times the best are no longer timed (as candidates are not)
     profile_calls: int = 0
 
     @property

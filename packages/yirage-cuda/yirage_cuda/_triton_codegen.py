@@ -699,7 +699,7 @@ class _KernelPrinter:
         ):
             two_blocks = self.opts.smem_limit // (2 * self.k.smem_bytes)
             double = 2 if 2 * self.k.smem_bytes <= self.opts.smem_limit else 1
-            st = min(st, max(1, two_blocks, double))
+            st = min(st, max(two_blocks, double))
         return st
 
     def _partition(self) -> tuple[list[TileOp], list[TileOp], list[TileOp]]:

@@ -1029,45 +1029,30 @@ mod tests {
             [true, false]
         );
         assert_eq!(p.computed_operand_matmuls, 0);
-        // attention: exp(Q Kᵀ) V — the second matmul's operand is computed in the loop
-        let mut bg = BlockGraph::new([4, 1, 1], [128, 1, 1], 8, 1).unwrap();
-        let q = bg
-            .new_input(&[4, 4, 64], DType::F16, [0, -1, -1], -1)
-            .unwrap();
-        let kt = bg
-            .new_input(&[4, 64, 256], DType::F16, [0, -1, -1], 2)
-            .unwrap();
-        let v = bg
-            .new_input(&[4, 256, 64], DType::F16, [0, -1, -1], 1)
-            .unwrap();
-        let s = bg.matmul(q, kt).unwrap();
-        let e = bg.unary(UnaryOp::Exp, s).unwrap();
-        let o = bg.matmul(e, v).unwrap();
-        let acc = bg.forloop_accum(o, AccumKind::Iter).unwrap();
-        bg.new_output(acc, [0, -1, -1]).unwrap();
-        let p = block_profile(&bg, &[2, 2, 2], &[4], true);
+        // attention: exp(Q Kᵀ) V — the second matmul's operand is computed in the loop; on a
+        // grid of 2 every block holds two heads, so the tile matmul is two dots, each waiting
+        let attention = |grid: i64| {
+            let mut bg = BlockGraph::new([grid, 1, 1], [128, 1, 1], 8, 1).unwrap();
+            let q = bg
+                .new_input(&[4, 4, 64], DType::F16, [0, -1, -1], -1)
+                .unwrap();
+            let kt = bg
+                .new_input(&[4, 64, 256], DType::F16, [0, -1, -1], 2)
+                .unwrap();
+            let v = bg
+                .new_input(&[4, 256, 64], DType::F16, [0, -1, -1], 1)
+                .unwrap();
+            let s = bg.matmul(q, kt).unwrap();
+            let e = bg.unary(UnaryOp::Exp, s).unwrap();
+            let o = bg.matmul(e, v).unwrap();
+            let acc = bg.forloop_accum(o, AccumKind::Iter).unwrap();
+            bg.new_output(acc, [0, -1, -1]).unwrap();
+            block_profile(&bg, &[2, 2, 2], &[4], true)
+        };
+        let p = attention(4);
         assert_eq!(p.computed_operand_matmuls, 1);
         assert!(p.reads.iter().all(|r| !r.staged));
-        // two heads per block: the tile matmul is two dots, each waiting for its operand
-        let mut bg2 = BlockGraph::new([2, 1, 1], [128, 1, 1], 8, 1).unwrap();
-        let q = bg2
-            .new_input(&[4, 4, 64], DType::F16, [0, -1, -1], -1)
-            .unwrap();
-        let kt = bg2
-            .new_input(&[4, 64, 256], DType::F16, [0, -1, -1], 2)
-            .unwrap();
-        let v = bg2
-            .new_input(&[4, 256, 64], DType::F16, [0, -1, -1], 1)
-            .unwrap();
-        let e = bg2.matmul(q, kt).unwrap();
-        let e = bg2.unary(UnaryOp::Exp, e).unwrap();
-        let o = bg2.matmul(e, v).unwrap();
-        let acc = bg2.forloop_accum(o, AccumKind::Iter).unwrap();
-        bg2.new_output(acc, [0, -1, -1]).unwrap();
-        assert_eq!(
-            block_profile(&bg2, &[2, 2, 2], &[4], true).computed_operand_matmuls,
-            2
-        );
+        assert_eq!(attention(2).computed_operand_matmuls, 2);
         // P · V with P loaded: converted in registers when P is an fp32 intermediate
         let mut pv = BlockGraph::new([4, 1, 1], [128, 1, 1], 8, 1).unwrap();
         let pt = pv
