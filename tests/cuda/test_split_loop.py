@@ -31,20 +31,29 @@ def _splits(case: plans.Case, want: int) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _backend(splits: tuple[tuple[str, int], ...]) -> Any:
+def _backend(splits: tuple[tuple[str, int], ...], last_block: bool = True) -> Any:
     from yirage_cuda import CudaBackend
     from yirage_cuda._triton_codegen import TritonOptions
 
-    opts = TritonOptions(bf16_dot_as_fp32=True, split_loop=splits)
+    opts = TritonOptions(bf16_dot_as_fp32=True, split_loop=splits, last_block_combine=last_block)
     return CudaBackend(interpret=True, cuda_cpp=False, triton_options=opts)
 
 
-def _run(case: plans.Case, splits: tuple[tuple[str, int], ...], xs: list[np.ndarray]) -> Any:
-    be = _backend(splits)
+def _run(
+    case: plans.Case,
+    splits: tuple[tuple[str, int], ...],
+    xs: list[np.ndarray],
+    last_block: bool = True,
+    calls: int = 1,
+) -> Any:
+    """Print, compile and run; ``calls`` launches on the same inputs (the outputs of the last
+    one are returned)."""
+    be = _backend(splits, last_block)
     src = be.codegen(case.plan)
     kernel = be.load(be.compile(src))
     tensors = be.from_numpy([x.astype(np.float32) for x in xs], [d for _, d in case.inputs])
-    outs = [o.double().numpy() for o in kernel(*tensors)]
+    for _ in range(calls):
+        outs = [o.double().numpy() for o in kernel(*tensors)]
     return src.code, outs, [t.double().numpy() for t in tensors]
 
 
@@ -66,25 +75,31 @@ SPLIT_CASES = [
 
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=[c.name for c in SPLIT_CASES])
 @pytest.mark.parametrize("want", [2, 4])
-def test_split_kernels_match_reference(case: plans.Case, want: int) -> None:
+@pytest.mark.parametrize("last_block", [True, False], ids=["last_block", "combine_kernel"])
+def test_split_kernels_match_reference(case: plans.Case, want: int, last_block: bool) -> None:
+    """Both combines are right, the last-block one also on a second launch (its arrival
+    counters must have been zeroed again by the first)."""
     splits = _splits(case, want)
     if not splits:
         pytest.fail(f"{case.name}: no kernel of the fixture can be split (fixture changed?)")
-    code, outs, xs = _run(case, splits, case.random_inputs(1))
+    calls = 2 if last_block else 1
+    code, outs, xs = _run(case, splits, case.random_inputs(1), last_block, calls)
     for name, _ in splits:
-        assert f"def {name}_combine(" in code
+        assert (f"def {name}_combine(" in code) is not last_block
+    assert ("tl.atomic_add(cnt + blk" in code) is last_block
     for o, r in zip(outs, case.reference(*xs), strict=True):
         assert _err(o, r) <= TOL["float32"], case.name
 
 
-def test_combine_rescales_to_the_common_row_max() -> None:
+@pytest.mark.parametrize("last_block", [True, False], ids=["last_block", "combine_kernel"])
+def test_combine_rescales_to_the_common_row_max(last_block: bool) -> None:
     """The last split sees scores far larger than the others: its partial sums must dominate
     after the combine rescales every part to the common maximum (an unscaled sum of the
     parts, or one that forgot the per-part maxima, is wrong by orders of magnitude)."""
     case = plans.attention_fused(scale=4.0)
     xs = case.random_inputs(5)
     xs[1][:, :, -64:] *= 8.0
-    _, outs, rounded = _run(case, (("attn", 4),), xs)
+    _, outs, rounded = _run(case, (("attn", 4),), xs, last_block)
     assert _err(outs[0], case.reference(*rounded)[0]) <= 1e-4
 
 
@@ -149,7 +164,9 @@ def test_split_pipeline_depth() -> None:
     (ks,) = parse_plan(small.plan).generated
     st = _kernels_table(generate_triton(small.plan, eight).text)["attn"]["num_stages"]
     assert st == min(3, smem // (2 * ks.smem_bytes)) == 3
-    assert table["attn_combine"]["num_stages"] == 1
+    assert "attn_combine" not in table  # the last part of each block combines
+    two = TritonOptions(smem_limit=smem, split_loop=(("attn", 8),), last_block_combine=False)
+    assert _kernels_table(generate_triton(case.plan, two).text)["attn_combine"]["num_stages"] == 1
     deep = TritonOptions(smem_limit=smem, split_loop=(("attn", 8),), max_stages=DEEP_STAGES)
     stages = _kernels_table(generate_triton(case.plan, deep).text)["attn"]["num_stages"]
     assert stages == min(DEEP_STAGES, 4, smem // k.smem_bytes) > table["attn"]["num_stages"]
@@ -169,9 +186,11 @@ def test_warmup_compiles_without_running() -> None:
     assert warm.count(".warmup(") == launch.count("](") >= 1
     assert "return" not in warm
     split = plans.attention_fused(kv_len=256, tl=32)
-    text = generate_triton(split.plan, TritonOptions(split_loop=(("attn", 4),))).text
-    warm = text[text.index("def warmup(inputs):") :]
-    assert "attn.warmup(" in warm and "attn_combine.warmup(" in warm
+    for last_block in (True, False):
+        opts = TritonOptions(split_loop=(("attn", 4),), last_block_combine=last_block)
+        text = generate_triton(split.plan, opts).text
+        warm = text[text.index("def warmup(inputs):") :]
+        assert "attn.warmup(" in warm and ("attn_combine.warmup(" in warm) is not last_block
 
 
 def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:

@@ -438,6 +438,9 @@ def aot_compile_triton(
             elif arg == "ws":  # fp32 workspace of split-loop kernels
                 sig[arg] = "*fp32"
                 attrs[(i,)] = [["tt.divisibility", 16]]
+            elif arg == "cnt":  # arrival counters of split-loop kernels
+                sig[arg] = "*i32"
+                attrs[(i,)] = [["tt.divisibility", 16]]
             else:
                 sig[arg] = "constexpr"
         stages = int(info["num_stages"])

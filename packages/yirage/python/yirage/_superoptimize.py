@@ -54,7 +54,7 @@ from yirage._logging import get_logger
 __all__ = ["SuperoptimizeError", "resolve_backend", "superoptimize"]
 
 _log = get_logger("yirage.superoptimize")
-DECISION_VERSION = "5"
+DECISION_VERSION = "6"
 #: Interleaved profiling rounds per candidate (``profile_options={"rounds": n}``).
 PROFILE_ROUNDS = 8
 
