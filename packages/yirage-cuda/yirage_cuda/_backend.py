@@ -1,8 +1,9 @@
 """The NVIDIA CUDA Backend object.
 
 ``codegen`` prints a KernelPlan as Triton (primary), as Triton with the for-loops of
-kernels that leave SMs idle split across extra blocks plus a combine kernel (split-K /
-flash-decoding, when some kernel qualifies: :func:`~yirage_cuda._triton_codegen.loop_split`),
+kernels that leave SMs idle split across extra blocks, the last part of each block combining
+the parts (split-K / flash-decoding, when some kernel qualifies:
+:func:`~yirage_cuda._triton_codegen.loop_split`),
 both also with 5-stage pipelines ("triton_deep", "triton_split_deep"), the split one also
 split half as many ways ("triton_split_half"), and as CUDA C++
 (when the printer can lay the kernel out in shared memory). ``compile`` writes the Triton
