@@ -165,6 +165,39 @@ def test_broken_candidate_is_rejected_and_the_fastest_passing_one_returned(
     assert "candidate" in str(rep) and "rejected" in str(rep)
 
 
+def test_check_data_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check inputs are drawn during the search and their float64 reference evaluated
+    during the builds, on another thread; the backend's tensors are made on the caller's
+    (a GPU's current device is per thread). An error there reaches the caller."""
+    import threading
+
+    _fake_search(monkeypatch, [_fused_plan()])
+    threads: dict[str, str] = {}
+
+    def spy(name: str, fn: Any) -> Any:
+        def wrapped(*args: Any) -> Any:
+            threads[name] = threading.current_thread().name
+            return fn(*args)
+
+        monkeypatch.setattr(_superoptimize, name, wrapped)
+        return wrapped
+
+    for name in ("check_arrays", "arrays_to_backend", "reference_outputs"):
+        spy(name, getattr(_superoptimize, name))
+    k = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE, cache=False)
+    assert k.report.max_rel_err is not None and k.report.max_rel_err <= 1e-4
+    main = threading.current_thread().name
+    assert threads["arrays_to_backend"] == main
+    assert threads["check_arrays"] != main and threads["reference_outputs"] != main
+
+    def broken(*args: Any) -> Any:
+        raise ValueError("reference evaluator failed")
+
+    monkeypatch.setattr(_superoptimize, "reference_outputs", broken)
+    with pytest.raises(ValueError, match="reference evaluator failed"):
+        superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE, cache=False)
+
+
 def test_codegen_emitting_wrong_code_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     from yirage_cpu._backend import CpuBackend
 

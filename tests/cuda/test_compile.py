@@ -12,7 +12,7 @@ from conftest import needs_triton
 from yirage_cuda import _toolchain
 from yirage_cuda._cuda_codegen import CudaCppOptions, generate_cuda
 from yirage_cuda._plan import CodegenError, parse_plan
-from yirage_cuda._triton_codegen import TritonOptions, generate_triton
+from yirage_cuda._triton_codegen import TritonOptions, generate_triton, loop_split
 
 SMALL = [c for dt in ("float32", "float16", "bfloat16") for c in plans.small_cases(dt)]
 TARGETS = plans.target_cases("float16") + plans.target_cases("bfloat16")[:1]
@@ -40,6 +40,28 @@ def test_triton_kernels_compile_for_sm90(case: plans.Case) -> None:
     for k in info.values():
         assert k["cubin_bytes"] > 0
         assert k["shared"] <= 227 * 1024
+
+
+SPLIT_TARGETS = [
+    c
+    for c in plans.target_cases("float16")
+    if any(loop_split(k, 132) > 1 for k in parse_plan(c.plan).generated)
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", SPLIT_TARGETS, ids=[_id(c) for c in SPLIT_TARGETS])
+def test_split_kernels_compile_for_sm90(case: plans.Case) -> None:
+    """The split printings of the full-size workloads (as the backend prints them for an
+    H100's 132 SMs: parts, arrival counter and the in-kernel combine) compile too."""
+    plan = parse_plan(case.plan)
+    splits = tuple((k.name, s) for k in plan.generated if (s := loop_split(k, 132)) > 1)
+    src = generate_triton(plan, TritonOptions(smem_limit=227 * 1024, split_loop=splits))
+    path = _toolchain.write_triton_module(src.text, src.codegen_version)
+    module = _toolchain.load_triton_module(path, interpret=False)
+    info = _toolchain.aot_compile_triton(module, {b.id: b.dtype for b in plan.buffers}, arch=90)
+    assert set(info) == {k.name for k in plan.generated}
+    assert all(k["cubin_bytes"] > 0 for k in info.values())
 
 
 @needs_nvrtc

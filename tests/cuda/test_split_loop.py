@@ -124,7 +124,8 @@ def test_loop_split_heuristic() -> None:
     assert blocks * (s // 2) < 2 * 132  # the smallest such power of two
     # enough blocks already: no split
     assert loop_split(k, sm_count=max(1, blocks // 2)) == 1
-    # a cap on the split, and only splits that divide the loop
+    # a cap on the split (MAX_SPLIT unless given), and only splits that divide the loop
+    assert loop_split(k, sm_count=10**6) == 16
     assert loop_split(k, sm_count=10**6, max_split=4) == 4
     assert loop_split(k, sm_count=10**6, max_split=1024) == k.forloop_range
 
@@ -199,14 +200,15 @@ def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:
     attention (safe-softmax) plans; printings that come out identical are kept once. The
     interpreter prints only the split."""
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import DEEP_STAGES
+    from yirage_cuda._triton_codegen import DEEP_STAGES, MAX_SPLIT
 
     mlp = plans.gated_mlp(b=8, h=4096, n=4096, tn=512, tk=16, dtype="float16")
     src = CudaBackend(cuda_cpp=False).codegen(mlp.plan)
     tables = {n: _kernels_table(v.text) for n, v in src.triton_variants.items()}
     assert set(tables) == {"triton_split", "triton_split_half", "triton_deep", "triton_split_deep"}
-    assert tables["triton_split"]["gated_mlp"]["split"] == 32  # 8 blocks → ≥ 2 per SM of 132
-    assert tables["triton_split_half"]["gated_mlp"]["split"] == 16
+    # 8 blocks: 2 per SM of 132 would take 33 parts; the printer stops at MAX_SPLIT (16)
+    assert tables["triton_split"]["gated_mlp"]["split"] == MAX_SPLIT == 16
+    assert tables["triton_split_half"]["gated_mlp"]["split"] == 8
     assert tables["triton_deep"]["gated_mlp"]["num_stages"] == DEEP_STAGES
     assert len({v.text for v in src.triton_variants.values()} | {src.triton.text}) == 5
 
@@ -214,7 +216,7 @@ def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:
     src = CudaBackend(cuda_cpp=False).codegen(attn.plan)
     tables = {n: _kernels_table(v.text) for n, v in src.triton_variants.items()}
     assert set(tables) == {"triton_split", "triton_split_half"}
-    assert tables["triton_split"]["attn"]["split"] == 32  # 16 blocks → ≥ 2 per SM of 132
-    assert tables["triton_split_half"]["attn"]["split"] == 16
+    assert tables["triton_split"]["attn"]["split"] == 16  # 16 blocks, capped
+    assert tables["triton_split_half"]["attn"]["split"] == 8
     interp = CudaBackend(interpret=True, cuda_cpp=False).codegen(attn.plan)
     assert set(interp.triton_variants) == {"triton_split"}

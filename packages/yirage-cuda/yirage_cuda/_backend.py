@@ -48,6 +48,7 @@ from yirage_cuda._runtime import (
     time_callable,
 )
 from yirage_cuda._triton_codegen import (
+    CODEGEN_VERSION,
     DEEP_STAGES,
     TritonOptions,
     TritonSource,
@@ -523,6 +524,7 @@ class CudaBackend(Backend):
             "plan": hashlib.sha256(plan.text.encode()).hexdigest(),
             "device": info.name if info else "none",
             "version": self.package_version,
+            "codegen": CODEGEN_VERSION,  # what each variant name prints
         }
         return _cache.entry_path("cuda-variant", parts, ".json")
 

@@ -41,7 +41,8 @@
 //!   through registers (those feeding non-matmul ops) spill / cut occupancy; bandwidth
 //!   scales by `max / staged`; the same for the largest tile a block loads once (not
 //!   pipelined: GQA decode loading a 128 KB V tile after a loop over the head dim ran
-//!   85–99 µs where the bytes predict 51);
+//!   85–99 µs where the bytes predict 51); a loop with one stage whose tile leaves one
+//!   block per unit stages every tile in registers, matmul operands included;
 //! * **per-iteration latency**: every iteration costs [`GPU_ITER_US`] (barrier, address
 //!   math, pipeline bookkeeping) plus [`GPU_COMPUTED_OPERAND_US`] per matmul whose operand
 //!   is computed in the loop, overlapping only across resident blocks:
@@ -464,16 +465,23 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         // pipeline stages whose tiles fit in a block's shared memory
         let fit = (spec.shared_mem_per_block as f64 / tile.max(1.0)).floor();
         let stages = (GPU_STAGES.min(f) as f64).min(fit).max(1.0);
-        let staged: f64 = p
-            .reads
-            .iter()
-            .filter(|r| r.staged)
-            .map(|r| r.total_bytes)
-            .sum::<f64>()
-            / (b * f as f64);
         let resident = ((spec.shared_mem_per_block as f64 / (stages * tile).max(1.0)).floor()
             as u64)
             .clamp(1, GPU_MAX_RESIDENT) as f64;
+        // A loop that is not pipelined loads every tile through registers, matmul operands
+        // too; a block alone on its unit then has nothing to overlap that load with (GQA
+        // decode at kv 16384 with 128 KB V tiles, one stage and one block per SM, ran 73-100
+        // µs where the bytes predict 53).
+        let staged = if stages < 2.0 && resident < 2.0 {
+            tile
+        } else {
+            p.reads
+                .iter()
+                .filter(|r| r.staged)
+                .map(|r| r.total_bytes)
+                .sum::<f64>()
+                / (b * f as f64)
+        };
         let running = b.min(resident * cu);
         let mut u = (b / cu).min(1.0);
         if tile > 0.0 {
@@ -705,6 +713,33 @@ mod tests {
         let waves = (256.0 / spec.compute_units as f64).max(1.0);
         let extra = unbuffered.total_us - buffered.total_us;
         assert!(extra > 0.9 * 4.0 * GPU_MEM_LATENCY_US * waves, "{extra}");
+    }
+
+    #[test]
+    fn unpipelined_tiles_alone_on_a_unit_go_through_registers() {
+        let spec = DeviceSpec::h100();
+        // 67 MB streamed by `blocks` blocks over a 32-step loop, matmul operands only
+        let kernel = |blocks: u64| KernelProfile {
+            blocks,
+            forloop: 32,
+            reads: vec![ReadProfile {
+                unique_bytes: 67e6,
+                total_bytes: 67e6,
+                run_bytes: 256.0,
+                staged: false,
+                once: false,
+            }],
+            low_precision: true,
+            ..Default::default()
+        };
+        // split 32 ways, one step per part: 131 KB tiles leave one block per unit, 65 KB
+        // tiles three; only the former pay for staging in registers (4x the bytes' time)
+        let alone = kernel_cost_split(&spec, &kernel(16), 32);
+        let shared = kernel_cost_split(&spec, &kernel(32), 32);
+        assert!(
+            alone.memory_us > 3.5 * shared.memory_us,
+            "{alone:?} {shared:?}"
+        );
     }
 
     #[test]

@@ -305,16 +305,28 @@ class Shapes:
         ]
 
 
-def check_tensors(backend: Backend, graph: KernelGraph, shapes: Shapes, seed: int) -> list[Any]:
-    """Fresh check inputs (:func:`check_inputs`) on the backend, in the kernel's shapes; for
+def check_arrays(graph: KernelGraph, shapes: Shapes, seed: int) -> list[Any]:
+    """Fresh check inputs (:func:`check_inputs`) as numpy arrays in the kernel's shapes; for
     ``world_size`` N > 1 one such list per rank (rank r drawn from ``seed + r``)."""
+    if shapes.world_size == 1:
+        return shapes.to_kernel(check_inputs(graph, seed))
+    return [shapes.to_kernel(check_inputs(graph, seed + r)) for r in range(shapes.world_size)]
+
+
+def arrays_to_backend(
+    backend: Backend, graph: KernelGraph, shapes: Shapes, arrays: list[Any]
+) -> list[Any]:
+    """:func:`check_arrays`' result as the backend's tensors (on the calling thread's
+    device)."""
     dtypes = [t.dtype.name for t in graph.inputs]
     if shapes.world_size == 1:
-        return to_backend_tensors(backend, shapes.to_kernel(check_inputs(graph, seed)), dtypes)
-    return [
-        to_backend_tensors(backend, shapes.to_kernel(check_inputs(graph, seed + r)), dtypes)
-        for r in range(shapes.world_size)
-    ]
+        return to_backend_tensors(backend, arrays, dtypes)
+    return [to_backend_tensors(backend, rank, dtypes) for rank in arrays]
+
+
+def check_tensors(backend: Backend, graph: KernelGraph, shapes: Shapes, seed: int) -> list[Any]:
+    """Fresh check inputs on the backend (:func:`check_arrays`, then the backend's tensors)."""
+    return arrays_to_backend(backend, graph, shapes, check_arrays(graph, shapes, seed))
 
 
 def reference_outputs(graph: KernelGraph, shapes: Shapes, tensors: Sequence[Any]) -> list[Any]:

@@ -27,8 +27,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,8 @@ from yirage._kernel import (
     OptimizedKernel,
     Shapes,
     SuperoptimizeReport,
+    arrays_to_backend,
+    check_arrays,
     check_tensors,
     reference_outputs,
     run_check,
@@ -54,7 +56,7 @@ from yirage._logging import get_logger
 __all__ = ["SuperoptimizeError", "resolve_backend", "superoptimize"]
 
 _log = get_logger("yirage.superoptimize")
-DECISION_VERSION = "6"
+DECISION_VERSION = "7"
 #: Interleaved profiling rounds per candidate (``profile_options={"rounds": n}``).
 PROFILE_ROUNDS = 8
 
@@ -280,11 +282,17 @@ def superoptimize(
             if kernel is not None:
                 return kernel
 
+    # The check inputs are drawn while the search runs and their float64 reference is
+    # evaluated while the candidates build and compile (seconds for GQA decode at kv 16384):
+    # both release the GIL. The backend's tensors are made here, on the caller's thread (and
+    # its device).
+    arrays = _in_background(check_arrays, graph, shapes, seed)
     t0 = time.perf_counter()
     candidates, search_report = _search(graph, be, config, {"top_k": top_k, **search_options})
     report.search_s = time.perf_counter() - t0
     report.search = search_report
-    tensors, reference = reference_for() if check else (check_tensors(be, graph, shapes, seed), [])
+    tensors = arrays_to_backend(be, graph, shapes, arrays.result())
+    ref_future = _in_background(reference_outputs, graph, shapes, tensors) if check else None
     to_build = _to_profile(candidates, top_k)
     for index, cand in enumerate(to_build):
         report.candidates.append(
@@ -335,6 +343,9 @@ def superoptimize(
         except Exception as exc:  # an optimisation only: the first runs compile what is left
             _log.warning("precompile on %s failed: %s", be.name, exc)
         report.codegen_compile_s += time.perf_counter() - tc
+    tc = time.perf_counter()
+    reference = ref_future.result() if ref_future is not None else []
+    report.check_s += time.perf_counter() - tc  # what the builds did not hide of it
     passing: list[tuple[float, int, dict[str, Any], Any, Any]] = []
     for index, plan, source, launcher in built:
         cr = report.candidates[index]
@@ -437,6 +448,15 @@ def superoptimize(
     return OptimizedKernel(
         graph=graph, backend=be, plan=plan, source=source, launcher=launcher, report=report
     )
+
+
+def _in_background(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn(*args)`` on a thread of its own; the future re-raises its error."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="yirage-check")
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        pool.shutdown(wait=False)
 
 
 #: A candidate's best round counts as reproduced when another round is within this factor.
