@@ -345,7 +345,7 @@ def superoptimize(
         report.codegen_compile_s += time.perf_counter() - tc
     tc = time.perf_counter()
     reference = ref_future.result() if ref_future is not None else []
-    report.check_s += time.perf_counter() - tc  # what the builds did not hide of it
+    report.check_s += time.perf_counter() - tc  # what building and compiling did not hide
     passing: list[tuple[float, int, dict[str, Any], Any, Any]] = []
     for index, plan, source, launcher in built:
         cr = report.candidates[index]

@@ -1,0 +1,86 @@
+"""Where a cold ``superoptimize`` spends its time on the cuda backend: the report's phases,
+the backend's codegen / compile / load / precompile / profile calls, and the span of every
+Triton compile in the precompile thread pool (which kernel bounds the wall time).
+
+    python benchmarks/cold_phases.py qknorm_gqa:gpu gqa_decode:gpu_kv16384
+
+Needs a CUDA GPU, torch and triton; runs without the decision cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from typing import Any
+
+import triton
+import triton.compiler
+
+import yirage as yr
+from yirage._workloads import get_workload
+from yirage_cuda import _backend
+
+_spans: list[tuple[float, float, str, str]] = []
+_calls: dict[str, list[float]] = {}
+
+
+def _wrap_compile() -> None:
+    """Time every ``triton.compile`` (the JIT imports it from ``triton.compiler``)."""
+    original = triton.compiler.compile
+
+    def timed(src: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return original(src, *args, **kwargs)
+        finally:
+            name = getattr(getattr(src, "fn", None), "__name__", "?")
+            _spans.append((t0, time.perf_counter(), name, threading.current_thread().name))
+
+    triton.compiler.compile = timed
+
+
+def _wrap_backend() -> None:
+    for name in ("codegen", "compile", "load", "precompile", "profile"):
+        method = getattr(_backend.CudaBackend, name)
+
+        def timed(self: Any, *args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _m(self, *args, **kw)
+            finally:
+                _calls.setdefault(_n, []).append(time.perf_counter() - t0)
+
+        setattr(_backend.CudaBackend, name, timed)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="+", help="workload:preset, e.g. gqa_decode:gpu_kv16384")
+    args = ap.parse_args()
+    _wrap_compile()
+    _wrap_backend()
+    for case in args.cases:
+        name, preset = case.split(":")
+        _spans.clear()
+        _calls.clear()
+        w = get_workload(name)
+        k = yr.superoptimize(w.graph(preset), backend="cuda", config=w.search_config, cache=False)
+        r = k.report
+        print(
+            f"== {case}: total {r.total_s:.2f} s, search {r.search_s:.2f}, codegen+compile "
+            f"{r.codegen_compile_s:.2f}, check {r.check_s:.2f}, profile {r.profile_s:.2f}"
+        )
+        for call, times in _calls.items():
+            print(
+                f"   {call:10s} x{len(times):2d}  sum {sum(times):6.2f} s  max {max(times):5.2f} s"
+            )
+        if _spans:
+            s0 = min(s[0] for s in _spans)
+            print(f"   {len(_spans)} Triton compiles over {max(s[1] for s in _spans) - s0:.2f} s")
+            for a, b, kernel, thread in sorted(_spans):
+                print(f"     {a - s0:5.2f}..{b - s0:5.2f} ({b - a:4.2f} s) {kernel} [{thread}]")
+
+
+if __name__ == "__main__":
+    main()
