@@ -304,6 +304,81 @@ def test_decision_cache_skips_search_and_profiling(monkeypatch: pytest.MonkeyPat
     assert len(calls) == 2
 
 
+class _DeviceDraws:
+    """Stands in for a backend's device generator on the cpu backend: records every draw
+    (thread, seeds, scales) and can be made to give other values for the same seed."""
+
+    def __init__(self) -> None:
+        self.tag = "test-generator-1"
+        self.shift = 0.0
+        self.calls: list[tuple[str, list[tuple[Any, ...]]]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import threading
+
+        cls = type(_superoptimize.resolve_backend("cpu"))
+        monkeypatch.setattr(cls, "check_input_generator", lambda be: self.tag)
+
+        def draw(be: Any, specs: Any) -> list[np.ndarray]:
+            self.calls.append((threading.current_thread().name, list(specs)))
+            return [
+                (np.random.default_rng(seed).standard_normal(dims) * scale + self.shift).astype(
+                    np.float32
+                )
+                for dims, _, scale, seed in specs
+            ]
+
+        monkeypatch.setattr(cls, "draw_check_inputs", draw)
+
+
+def test_check_inputs_drawn_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend with a device generator draws the check inputs itself (no numpy draw), on
+    the caller's thread, one seed per input, scaled like numpy's; a warm call draws the same
+    inputs again and checks against the stored reference. A reference stored for another
+    generator, or one the regenerated inputs do not reproduce, is evaluated afresh: the
+    cached kernel is kept, not searched again."""
+    import threading
+
+    from yirage._kernel import check_scale
+
+    calls = _fake_search(monkeypatch, [_fused_plan()])
+    draws = _DeviceDraws()
+    draws.install(monkeypatch)
+    numpy_draws: list[int] = []
+    monkeypatch.setattr(_superoptimize, "check_arrays", lambda *a: numpy_draws.append(1))
+    evaluated: list[int] = []
+    real_reference = _superoptimize.reference_outputs
+
+    def reference(*args: Any) -> Any:
+        evaluated.append(1)
+        return real_reference(*args)
+
+    monkeypatch.setattr(_superoptimize, "reference_outputs", reference)
+    g = _rms_graph()
+    k1 = superoptimize(g, backend="cpu", profile_options=FAST_PROFILE)
+    assert k1.report.max_rel_err is not None and k1.report.max_rel_err <= 1e-4
+    assert not numpy_draws and len(draws.calls) == 1 and len(evaluated) == 1
+    thread, specs = draws.calls[0]
+    assert thread == threading.current_thread().name
+    assert [s[0] for s in specs] == [(8, 512), (512, 768)]
+    assert [s[2] for s in specs] == [check_scale((8, 512)), check_scale((512, 768))]
+    assert specs[0][2] == 1.0 and specs[1][2] == pytest.approx(512**-0.5)
+    assert specs[0][3] != specs[1][3]
+
+    k2 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
+    assert k2.report.from_cache and len(evaluated) == 1  # the stored reference served
+    assert draws.calls[1][1] == specs and k2.report.check_seed == k1.report.check_seed
+
+    draws.tag = "test-generator-2"  # stored for another generator: evaluated afresh
+    k3 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
+    assert k3.report.from_cache and len(evaluated) == 2 and len(calls) == 1
+
+    draws.tag, draws.shift = "test-generator-1", 0.5  # same name, other values
+    k4 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
+    assert k4.report.from_cache and len(evaluated) == 3 and len(calls) == 1
+    assert k4.report.max_rel_err is not None and k4.report.max_rel_err <= 1e-4
+
+
 def test_save_and_load_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _fake_search(monkeypatch, [_fused_plan()])
     g = _rms_graph()

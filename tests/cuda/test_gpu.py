@@ -222,3 +222,26 @@ def test_matmul_fp32_straight_from_cublas(gpu: Any) -> None:
     batched = matmul_fp32(a.cuda().reshape(2, 4, 4096), b.cuda().expand(2, 4096, 512))
     assert batched.dtype == torch.float32
     assert rel_err(batched.reshape(8, 512).cpu().numpy(), ref) < 1e-4
+
+
+def test_check_inputs_drawn_on_the_gpu(gpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numeric check's inputs are drawn on the GPU, the same values for a seed; a warm
+    superoptimize re-checks the cached kernel on them against the stored reference."""
+    import torch
+    from test_runtime import _draw_checks
+
+    import yirage as yr
+    from yirage import _superoptimize
+
+    monkeypatch.setattr(_superoptimize, "_noisy", lambda spread: False)  # always cached
+
+    _draw_checks(gpu, "cuda")
+    assert torch.cuda.get_device_name() in gpu.check_input_generator()
+    g = yr.new_kernel_graph()
+    x = g.new_input((8, 1024), yr.float16)
+    w = g.new_input((1024, 512), yr.float16)
+    g.mark_output(g.matmul(g.rms_norm(x, (1024,)), w))
+    cold = yr.superoptimize(g, backend=gpu, top_k=2, time_limit=15)
+    warm = yr.superoptimize(g, backend=gpu, top_k=2, time_limit=15)
+    assert warm.report.from_cache and warm.report.check_seed == cold.report.check_seed
+    assert warm.report.max_rel_err is not None and warm.report.max_rel_err <= 1e-2

@@ -231,3 +231,22 @@ def test_profile_drops_variants_far_behind(interp: Any, monkeypatch: pytest.Monk
     assert timed.count("triton_split") == calls
     assert timed.count("triton") == timed.count("triton_deep") == 5
     assert kernel.variant == "triton" and kernel.timings["triton_split"] == 30.0
+
+
+def _draw_checks(be: Any, device: str) -> None:
+    """Shared by the interpreter and GPU tests: the backend's check-input draws."""
+    specs = [((64, 96), "float16", 0.125, 11), ((3, 5), "float32", 1.0, 12)]
+    a, b = be.draw_check_inputs(specs), be.draw_check_inputs(specs)
+    assert [tuple(t.shape) for t in a] == [(64, 96), (3, 5)]
+    assert [str(t.dtype) for t in a] == ["torch.float16", "torch.float32"]
+    assert all(t.device.type == device for t in a)
+    assert all(torch().equal(x, y) for x, y in zip(a, b, strict=True))  # a seed's values
+    other = be.draw_check_inputs([((64, 96), "float16", 0.125, 13)])[0]
+    assert not torch().equal(other, a[0])
+    assert float(a[0].float().std()) == pytest.approx(0.125, rel=0.1)
+    assert be.check_input_generator().startswith(f"torch {torch().__version__} randn on ")
+
+
+def test_check_inputs_drawn_by_the_backend(interp: Any) -> None:
+    _draw_checks(interp, "cpu")
+    assert interp.check_input_generator().endswith(" on cpu")

@@ -251,6 +251,30 @@ class CudaBackend(Backend):
             for a, d in zip(arrays, dtypes, strict=True)
         ]
 
+    def check_input_generator(self) -> str | None:
+        """torch's generator of the device: Philox on a GPU, whose values for a seed depend on
+        the torch version and on the launch grid torch picks from the SM count."""
+        import torch
+
+        if self.interpret:
+            return f"torch {torch.__version__} randn on cpu"
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return (
+            f"torch {torch.__version__} randn on {props.name} ({props.multi_processor_count} SMs)"
+        )
+
+    def draw_check_inputs(self, specs: Sequence[tuple[tuple[int, ...], str, float, int]]) -> Any:
+        import torch
+
+        out = []
+        for dims, dtype, scale, seed in specs:
+            gen = torch.Generator(device=self.torch_device).manual_seed(seed)
+            x = torch.randn(dims, generator=gen, device=self.torch_device, dtype=torch.float32)
+            if scale != 1.0:
+                x.mul_(scale)
+            out.append(x.to(getattr(torch, dtype)))
+        return out
+
     def random_inputs(self, specs: Sequence[tuple[Sequence[int], str]], seed: int = 0) -> list[Any]:
         import torch
 

@@ -223,6 +223,21 @@ class Backend(ABC):
         a backend whose ``load`` returns ready code needs no more."""
         del launchers, inputs
 
+    def check_input_generator(self) -> str | None:
+        """Optional: a name for the generator behind :meth:`draw_check_inputs` (the library,
+        its version and the device; a reference stored for one generator is not reused with
+        another), or None (the default): the numeric check's inputs are drawn with numpy and
+        copied to the device."""
+        return None
+
+    def draw_check_inputs(self, specs: Sequence[tuple[tuple[int, ...], str, float, int]]) -> Any:
+        """Optional, with :meth:`check_input_generator`: one tensor per ``(dims, dtype,
+        scale, seed)``, N(0, 1) values times ``scale`` drawn on the device from ``seed``
+        (the same values for the same seed, every time), rounded to ``dtype``. Drawing tens
+        of millions of values on the device takes milliseconds where numpy plus a copy takes
+        a tenth of a second or more."""
+        raise NotImplementedBackendError(self.name, self.package_version, "draw_check_inputs")
+
     # -- helpers for probes (never raise) ----------------------------------------------------
     def _unavailable(self, reason: str) -> BackendUnavailableError:
         return BackendUnavailableError(self.name, reason)

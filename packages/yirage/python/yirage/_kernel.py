@@ -188,9 +188,14 @@ CHECK_INPUTS_VERSION = 2
 _CHECK_CHUNK = 1 << 20
 
 
+def check_scale(dims: Sequence[int]) -> float:
+    """Factor on a check input's N(0, 1) values: 1/√(dims[-2]) for matrix-like inputs
+    (dims[-2] ≥ 64), so matmul outputs stay O(1) even in float16."""
+    return 1.0 / math.sqrt(dims[-2]) if len(dims) >= 2 and dims[-2] >= 64 else 1.0
+
+
 def check_inputs(graph: KernelGraph, seed: int) -> list[np.ndarray]:
-    """Fresh float32 inputs for the numeric check: N(0, 1) scaled by 1/√(dims[-2]) for
-    matrix-like inputs (dims[-2] ≥ 64), so matmul outputs stay O(1) even in float16."""
+    """Fresh float32 inputs for the numeric check: N(0, 1) times :func:`check_scale`."""
     out = []
     jobs: list[tuple[np.ndarray, np.random.SeedSequence]] = []
     for i, t in enumerate(graph.inputs):
@@ -212,9 +217,27 @@ def check_inputs(graph: KernelGraph, seed: int) -> list[np.ndarray]:
         for job in jobs:
             fill(job)
     for x in out:
-        if x.ndim >= 2 and x.shape[-2] >= 64:
-            x *= np.float32(1.0 / math.sqrt(x.shape[-2]))
+        scale = check_scale(x.shape)
+        if scale != 1.0:
+            x *= np.float32(scale)
     return out
+
+
+def check_input_generator(backend: Backend) -> str:
+    """Names the generator of the check inputs on ``backend``: the backend's own device
+    generator where it has one (:meth:`Backend.check_input_generator`), else numpy's. A stored
+    reference is only reused with the same generator."""
+    return backend.check_input_generator() or f"numpy-{CHECK_INPUTS_VERSION}"
+
+
+def _drawn_on_device(backend: Backend, graph: KernelGraph, seed: int) -> list[Any]:
+    """The check inputs drawn by the backend on its device: input i from its own seed (a
+    function of ``seed`` and i), in the graph's shapes and dtypes."""
+    specs = []
+    for i, t in enumerate(graph.inputs):
+        child = int(np.random.SeedSequence([seed, i]).generate_state(1, np.uint64)[0] >> 1)
+        specs.append((tuple(t.dims), t.dtype.name, check_scale(t.dims), child))
+    return list(backend.draw_check_inputs(specs))
 
 
 def to_backend_tensors(
@@ -325,8 +348,16 @@ def arrays_to_backend(
 
 
 def check_tensors(backend: Backend, graph: KernelGraph, shapes: Shapes, seed: int) -> list[Any]:
-    """Fresh check inputs on the backend (:func:`check_arrays`, then the backend's tensors)."""
-    return arrays_to_backend(backend, graph, shapes, check_arrays(graph, shapes, seed))
+    """Fresh check inputs on the backend, in the kernel's shapes (per rank when
+    ``world_size`` > 1, rank r from ``seed + r``): drawn on the device where the backend can
+    (:meth:`Backend.draw_check_inputs`), else :func:`check_arrays` copied over."""
+    if backend.check_input_generator() is None:
+        return arrays_to_backend(backend, graph, shapes, check_arrays(graph, shapes, seed))
+    ranks = [
+        shapes.to_kernel(_drawn_on_device(backend, graph, seed + r))
+        for r in range(shapes.world_size)
+    ]
+    return ranks[0] if shapes.world_size == 1 else ranks
 
 
 def reference_outputs(graph: KernelGraph, shapes: Shapes, tensors: Sequence[Any]) -> list[Any]:
