@@ -4,15 +4,19 @@ against the workload's PyTorch reference.
 
     python benchmarks/candidates.py gqa_decode --preset gpu --top 4 --splits 1 4 16
     python benchmarks/candidates.py gqa_decode --preset gpu_kv16384 --match "grid=16x1x1"
+    python benchmarks/candidates.py qknorm_gqa --top 1 --splits 8 16 --warps 4 8
 
-Prints one line per (candidate, split, stages): median µs, relative error, the split chosen
+Prints one line per (candidate, split, stages, warps): median µs, relative error, the split chosen
 by ``loop_split`` for comparison. Needs a CUDA GPU, torch and triton.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import itertools
+import json
 
 import torch
 
@@ -48,6 +52,9 @@ def main() -> None:
     ap.add_argument("--search", type=int, default=60)
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--stages", type=int, nargs="+", default=[0], help="0: the printer's choice")
+    ap.add_argument(
+        "--warps", type=int, nargs="+", default=[0], help="warps per block; 0: the plan's"
+    )
     args = ap.parse_args()
 
     w = _workloads.get_workload(args.workload)
@@ -64,7 +71,7 @@ def main() -> None:
     refs = w.reference(*[x.float() for x in xs])
     print(f"{args.workload} {args.preset} on {torch.cuda.get_device_name()} ({sms} SMs)")
     for rank, cand in chosen_cands:
-        plan = cand.kernel_plan()
+        plan = json.loads(cand.kernel_plan().to_json())
         p = parse_plan(plan)
         auto = {k.name: loop_split(k, sms) for k in p.generated}
         print(f"#{rank} predicted {cand.predicted_us:.1f} µs: {cand} (loop_split {auto})")
@@ -78,19 +85,21 @@ def main() -> None:
             )
             if split > 1 and not chosen:
                 continue
-            for stages in args.stages:
+            for stages, warps in itertools.product(args.stages, args.warps):
                 opts = TritonOptions(split_loop=chosen, num_stages=stages or None)
                 be = CudaBackend(cuda_cpp=False, triton_options=dataclasses.replace(opts))
+                printed = copy.deepcopy(plan)
+                for kd in printed["kernels"]:
+                    if warps and kd.get("kind") != "library":
+                        kd["warps"] = warps
+                what = f"split {split:3d} stages {stages or '-':>2} warps {warps or '-':>2}"
                 try:
-                    kern = be.load(be.compile(be.codegen(plan)))
+                    kern = be.load(be.compile(be.codegen(printed)))
                     err = _rel_err(kern(*xs), refs)
                     t = cuda_graph_median(lambda kern=kern: kern.run_unchecked(xs))
-                    print(
-                        f"    split {split:3d} stages {stages or '-':>2}: "
-                        f"{t.median_us:8.1f} µs  rel err {err:.1e}"
-                    )
+                    print(f"    {what}: {t.median_us:8.1f} µs  rel err {err:.1e}")
                 except Exception as exc:  # diagnostics: report and go on
-                    print(f"    split {split:3d} stages {stages}: {type(exc).__name__}: {exc}")
+                    print(f"    {what}: {type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

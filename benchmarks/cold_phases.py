@@ -71,6 +71,12 @@ def main() -> None:
             f"== {case}: total {r.total_s:.2f} s, search {r.search_s:.2f}, codegen+compile "
             f"{r.codegen_compile_s:.2f}, check {r.check_s:.2f}, profile {r.profile_s:.2f}"
         )
+        sr = r.search or {}
+        if "enumerate_s" in sr:
+            print(
+                f"   search: enumerate {sr['enumerate_s']:.2f} s, verify {sr['verify_s']:.2f} s "
+                f"({sr.get('fingerprint_tests')} fingerprint tests, {sr.get('rejected')} rejected)"
+            )
         for call, times in _calls.items():
             print(
                 f"   {call:10s} x{len(times):2d}  sum {sum(times):6.2f} s  max {max(times):5.2f} s"

@@ -218,14 +218,44 @@ pub fn fingerprint_values(
     }
     (0..trials as u64)
         .into_par_iter()
-        .map(|t| {
-            let ins = (0..g.world_size())
-                .map(|r| random_rank_inputs(g, seed, t, r))
-                .collect();
-            let outs = run_kernel_graph_ranks(&FieldDomain::new(seed, t), g, ins)?;
-            Ok(outs.into_iter().flatten().collect())
-        })
+        .map(|t| trial_values(g, seed, t))
         .collect()
+}
+
+/// Field outputs of trial `t` (entry `t` of [`fingerprint_values`]).
+fn trial_values(g: &KernelGraph, seed: u64, t: u64) -> Result<Vec<Dense<Fv>>> {
+    let ins = (0..g.world_size())
+        .map(|r| random_rank_inputs(g, seed, t, r))
+        .collect();
+    let outs = run_kernel_graph_ranks(&FieldDomain::new(seed, t), g, ins)?;
+    Ok(outs.into_iter().flatten().collect())
+}
+
+/// A target's fingerprint values, against which candidates are checked trial by trial: a
+/// candidate that differs in the first trial (most wrong ones) costs one trial, not `trials`.
+/// Agrees with comparing [`fingerprint`] digests.
+pub struct TrialCheck {
+    seed: u64,
+    values: Vec<Vec<Dense<Fv>>>,
+}
+
+impl TrialCheck {
+    /// Evaluates the target's `trials` trials.
+    pub fn new(target: &KernelGraph, trials: usize, seed: u64) -> Result<Self> {
+        Ok(Self {
+            seed,
+            values: fingerprint_values(target, trials, seed)?,
+        })
+    }
+
+    /// Whether `g` has the target's values in every trial (false when `g` cannot be
+    /// evaluated).
+    pub fn matches(&self, g: &KernelGraph) -> bool {
+        g.check_complete().is_ok()
+            && crate::exec::check_size(g).is_ok()
+            && (0..self.values.len())
+                .all(|t| trial_values(g, self.seed, t as u64).is_ok_and(|v| v == self.values[t]))
+    }
 }
 
 /// Run `f` on a rayon pool of `threads` threads (or the global pool when `None`).

@@ -813,3 +813,36 @@ fn all_reduce_semantics_and_identities() {
     assert!(j.contains("\"world_size\":3"));
     assert_eq!(from_json(&j).unwrap(), mm_before);
 }
+
+#[test]
+fn trial_check_agrees_with_digests() {
+    use crate::fingerprint::TrialCheck;
+    let plain_sq = plain_rms_matmul(1e-6, 64);
+    let same = fused(&Knobs {
+        wcols: 64,
+        ..Default::default()
+    });
+    let wrong_imap = fused(&Knobs {
+        wcols: 64,
+        bw_imap: [0, -1, -1],
+        fmaps: (1, 1),
+        ..Default::default()
+    });
+    let other_eps = fused(&Knobs {
+        wcols: 64,
+        eps: 1e-5,
+        ..Default::default()
+    });
+    let other_dims = plain_rms_matmul(1e-6, 96);
+    let check = TrialCheck::new(&plain_sq, 2, 5).unwrap();
+    let digest = fingerprint(&plain_sq, 2, 5, None).unwrap();
+    for (g, want) in [
+        (&same, true),
+        (&wrong_imap, false),
+        (&other_eps, false),
+        (&other_dims, false),
+    ] {
+        assert_eq!(check.matches(g), want);
+        assert_eq!(fingerprint(g, 2, 5, None).unwrap() == digest, want);
+    }
+}

@@ -273,6 +273,9 @@ class CudaBackend(Backend):
             if scale != 1.0:
                 x.mul_(scale)
             out.append(x.to(getattr(torch, dtype)))
+        if not self.interpret:
+            # drawn on the caller's stream; the reference reads them from another thread
+            torch.cuda.current_stream().synchronize()
         return out
 
     def random_inputs(self, specs: Sequence[tuple[Sequence[int], str]], seed: int = 0) -> list[Any]:

@@ -14,7 +14,7 @@
 use super::{add_baseline_and_rank, graph_cost, search_in_pool, Candidate, SearchResult};
 use crate::cost::DeviceSpec;
 use crate::error::{CoreError, Result};
-use crate::fingerprint::fingerprint;
+use crate::fingerprint::TrialCheck;
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
 use crate::plan::lower;
 use crate::search::{SearchConfig, SearchControl};
@@ -259,7 +259,7 @@ pub(super) fn search_split(
     let target_hash = crate::json::hash(target);
     let mut seen = HashSet::from([target_hash.clone()]);
     let mut verified: Vec<Candidate> = vec![];
-    let mut target_fp: Option<String> = None;
+    let mut target_fp: Option<TrialCheck> = None;
     let widest = results
         .iter()
         .flatten()
@@ -297,17 +297,12 @@ pub(super) fn search_split(
         if !seen.insert(h.clone()) || lower(&g, spec).is_err() {
             continue;
         }
-        let tfp = match &target_fp {
-            Some(f) => f.clone(),
-            None => {
-                let f = fingerprint(target, cfg.trials, cfg.seed, None)?;
-                target_fp = Some(f.clone());
-                f
-            }
-        };
+        if target_fp.is_none() {
+            target_fp = Some(TrialCheck::new(target, cfg.trials, cfg.seed)?);
+        }
         p.fingerprint_tests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if fingerprint(&g, cfg.trials, cfg.seed, None).is_ok_and(|f| f == tfp) {
+        if target_fp.as_ref().is_some_and(|f| f.matches(&g)) {
             p.verified
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let label = picks
@@ -374,6 +369,7 @@ pub(super) fn search_split(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fingerprint::fingerprint;
     use crate::ops::UnaryOp;
     use crate::DType;
 

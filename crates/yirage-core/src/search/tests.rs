@@ -504,3 +504,30 @@ fn last_slot_waits_for_the_fewest_kernels() {
     // a top-1 search returns the best estimate
     assert!(!held_for_fewest(&[], Some(1), 1, 2));
 }
+
+#[test]
+fn verification_batches_do_not_change_the_outcome() {
+    // With 16 threads the loop fingerprints up to four candidates at once (one thread: one);
+    // the candidates, their order and the counts of tests must not depend on it.
+    let target = qknorm_attention(2, 4, 64, 512);
+    let spec = DeviceSpec {
+        shared_mem_per_block: 128 * 1024,
+        ..DeviceSpec::cpu2()
+    };
+    let outcome = |threads| {
+        let mut c = SearchConfig {
+            preset: Some("attention".into()),
+            threads: Some(threads),
+            deterministic: true,
+            ..cfg()
+        };
+        c.apply_preset().unwrap();
+        let r = search(&target, &spec, &c, &SearchControl::default()).unwrap();
+        assert_eq!(r.report.stop_reason, "exhausted");
+        let hashes: Vec<String> = r.candidates.iter().map(|c| c.hash.clone()).collect();
+        (hashes, r.report.fingerprint_tests, r.report.verified, r.report.rejected)
+    };
+    let one = outcome(1);
+    assert!(one.3 > 0, "some candidates must fail their fingerprint here: {one:?}");
+    assert_eq!(outcome(16), one);
+}
