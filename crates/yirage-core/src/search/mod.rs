@@ -81,6 +81,34 @@ fn held_for_fewest(
     })
 }
 
+/// How many candidates the verification loop fingerprints at once: with few threads one
+/// fingerprint keeps them busy; the memory of each (16-byte field values, about twice the
+/// target's tensors) must fit in half of the available memory.
+fn verify_width(target: &KernelGraph) -> usize {
+    let by_threads = (rayon::current_num_threads() / 2).clamp(1, 4);
+    let elems: u64 = target
+        .tensors()
+        .iter()
+        .map(|t| crate::shape::numel_saturating(&t.dims))
+        .sum::<u64>()
+        .saturating_mul(target.world_size() as u64);
+    let per_candidate = elems.saturating_mul(32).max(1);
+    let budget = available_memory_bytes().unwrap_or(4 << 30) / 2;
+    by_threads.min(
+        usize::try_from(budget / per_candidate)
+            .unwrap_or(usize::MAX)
+            .max(1),
+    )
+}
+
+/// `MemAvailable` of /proc/meminfo (Linux), in bytes.
+fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
 /// Up to `n` candidates from `queue` (indices into `reals`) that the verification loop may
 /// fingerprint next, realised: those `eligible` says are not held back, that realise and
 /// lower, and whose hash is not `known`.
@@ -847,7 +875,7 @@ fn search_in_pool(
     let mut seen = std::collections::HashSet::new();
     let mut target_fp: Option<TrialCheck> = None;
     let mut verdicts: std::collections::HashMap<String, bool> = Default::default();
-    let width = (rayon::current_num_threads() / 4).clamp(1, 4);
+    let width = verify_width(target);
     let mut verify_stop = Stop::None;
     let target_hash = crate::json::hash(target);
     seen.insert(target_hash.clone());
@@ -942,10 +970,10 @@ fn search_in_pool(
         let ok = match verdicts.remove(&h) {
             Some(ok) => ok,
             None => {
-                // this candidate and the next few the loop may test, side by side: one
-                // fingerprint uses 16 cores poorly (2.7x over one core on the H100 host),
-                // four at once give 2.3x its throughput. Verdicts of candidates the loop then
-                // skips are unused; the outcome is the serial loop's.
+                // this candidate and the next few the loop may test, side by side
+                // (`verify_width`): one fingerprint uses 16 cores poorly (2.7x over one core
+                // on the H100 host), four at once give 2.3x its throughput. Verdicts of
+                // candidates the loop then skips are unused; the outcome is the serial loop's.
                 let mut batch = vec![(h.clone(), g)];
                 let ahead = lookahead(
                     target,

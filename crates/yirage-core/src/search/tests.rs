@@ -525,9 +525,30 @@ fn verification_batches_do_not_change_the_outcome() {
         let r = search(&target, &spec, &c, &SearchControl::default()).unwrap();
         assert_eq!(r.report.stop_reason, "exhausted");
         let hashes: Vec<String> = r.candidates.iter().map(|c| c.hash.clone()).collect();
-        (hashes, r.report.fingerprint_tests, r.report.verified, r.report.rejected)
+        (
+            hashes,
+            r.report.fingerprint_tests,
+            r.report.verified,
+            r.report.rejected,
+        )
     };
     let one = outcome(1);
-    assert!(one.3 > 0, "some candidates must fail their fingerprint here: {one:?}");
+    assert!(
+        one.3 > 0,
+        "some candidates must fail their fingerprint here: {one:?}"
+    );
     assert_eq!(outcome(16), one);
+}
+
+#[test]
+fn verify_width_follows_threads() {
+    let target = qknorm_attention(2, 4, 64, 512);
+    let width = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| super::verify_width(&target))
+    };
+    assert_eq!((width(1), width(2), width(4), width(16)), (1, 1, 2, 4));
 }
