@@ -5,9 +5,10 @@ against the workload's PyTorch reference.
     python benchmarks/candidates.py gqa_decode --preset gpu --top 4 --splits 1 4 16
     python benchmarks/candidates.py gqa_decode --preset gpu_kv16384 --match "grid=16x1x1"
     python benchmarks/candidates.py qknorm_gqa --top 1 --splits 8 16 --warps 4 8
+    python benchmarks/candidates.py qknorm_gqa --top 3 --splits 16 --scale-after-dot on off
 
-Prints one line per (candidate, split, stages, warps): median µs, relative error, the split chosen
-by ``loop_split`` for comparison. Needs a CUDA GPU, torch and triton.
+Prints one line per (candidate, split, stages, warps, printing): median µs, relative error,
+the split chosen by ``loop_split`` for comparison. Needs a CUDA GPU, torch and triton.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ def main() -> None:
     ap.add_argument(
         "--warps", type=int, nargs="+", default=[0], help="warps per block; 0: the plan's"
     )
+    ap.add_argument(
+        "--scale-after-dot",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="print a normalised dot operand raw and scale the product (on), or as a quotient",
+    )
     args = ap.parse_args()
 
     w = _workloads.get_workload(args.workload)
@@ -85,14 +93,21 @@ def main() -> None:
             )
             if split > 1 and not chosen:
                 continue
-            for stages, warps in itertools.product(args.stages, args.warps):
-                opts = TritonOptions(split_loop=chosen, num_stages=stages or None)
+            for stages, warps, sad in itertools.product(
+                args.stages, args.warps, args.scale_after_dot
+            ):
+                opts = TritonOptions(
+                    split_loop=chosen, num_stages=stages or None, scale_after_dot=sad == "on"
+                )
                 be = CudaBackend(cuda_cpp=False, triton_options=dataclasses.replace(opts))
                 printed = copy.deepcopy(plan)
                 for kd in printed["kernels"]:
                     if warps and kd.get("kind") != "library":
                         kd["warps"] = warps
-                what = f"split {split:3d} stages {stages or '-':>2} warps {warps or '-':>2}"
+                what = (
+                    f"split {split:3d} stages {stages or '-':>2} warps {warps or '-':>2} "
+                    f"scale-after-dot {sad}"
+                )
                 try:
                     kern = be.load(be.compile(be.codegen(printed)))
                     err = _rel_err(kern(*xs), refs)

@@ -107,3 +107,33 @@ def test_dot_operand_with_an_elementwise_user_is_loaded_twice(interp: Any) -> No
     assert loop_loads["gated_mlp"] == ["t0", "t1", "t2"]
     outs, xs = run_case(interp, plans.rmsnorm_linear())
     assert rel_err(outs[0], plans.rmsnorm_linear().reference(*xs)[0]) <= TOL["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_normalised_dot_operand_is_scaled_after_the_dot(dtype: str) -> None:
+    """qknorm's K tile divided by its row norms feeds tl.dot raw and the scores are divided
+    instead (the tile streams into the dot; its sum of squares reads a second copy); with
+    ``scale_after_dot`` off the quotient is printed as before. Both match the reference."""
+    from yirage_cuda import CudaBackend
+    from yirage_cuda._triton_codegen import TritonOptions
+
+    case = plans.gqa_decode(qk_norm=True, dtype=dtype)
+    backends = {
+        on: CudaBackend(
+            interpret=True,
+            triton_options=TritonOptions(scale_after_dot=on, bf16_dot_as_fp32=True),
+        )
+        for on in (True, False)
+    }
+    code = {
+        on: be.codegen(case.plan).code.split("def attn_combine")[0] for on, be in backends.items()
+    }
+    scores = {on: next(ln for ln in c.splitlines() if "tl.dot(" in ln) for on, c in code.items()}
+    # t2: the K tile's load; t6: its row norms; t7: the quotient, printed only when off
+    assert "tl.reshape(t2, [64, 64])" in scores[True] and "* (1.0 / (t6))" in scores[True]
+    assert "t7 =" not in code[True] and "t2e = tl.load(" in code[True]
+    assert "(t7)" in scores[False] or "t7," in scores[False]
+    assert "t2e = " not in code[False]
+    for be in backends.values():
+        outs, xs = run_case(be, case, seed=2)
+        assert rel_err(outs[0], case.reference(*xs)[0]) <= TOL[dtype]

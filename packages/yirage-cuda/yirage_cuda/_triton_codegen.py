@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from yirage_cuda._host import fmt_float as _fmt_float
 from yirage_cuda._host import launcher_lines
@@ -56,7 +56,7 @@ from yirage_cuda._plan import (
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton", "loop_split"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-9"
+CODEGEN_VERSION = "triton-10"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -83,6 +83,9 @@ class TritonOptions:
     (kernel name, S) pairs; such a kernel is printed as a part kernel running 1/S of its
     for-loop in S times as many blocks (see :func:`loop_split`) whose last part per block
     combines the parts, or with ``last_block_combine`` off a separate combine kernel does.
+    ``scale_after_dot``: a matmul operand divided by a vector that is constant along the
+    contracted dim (qknorm's K tile over its row norms) is multiplied raw and the product
+    scaled instead (see :meth:`_KernelPrinter._scaled_after_dot`).
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -95,12 +98,14 @@ class TritonOptions:
     split_loop: tuple[tuple[str, int], ...] = ()
     max_stages: int = DEFAULT_STAGES
     last_block_combine: bool = True
+    scale_after_dot: bool = True
 
     def key(self) -> str:
         return (
             f"stages={self.num_stages};fp32dot={self.fp32_dot_precision};smem={self.smem_limit};"
             f"bf16dot32={self.bf16_dot_as_fp32};split={list(self.split_loop)};"
-            f"max_stages={self.max_stages};last_block={self.last_block_combine}"
+            f"max_stages={self.max_stages};last_block={self.last_block_combine};"
+            f"scale_after_dot={self.scale_after_dot}"
         )
 
 
@@ -261,7 +266,50 @@ class _KernelPrinter:
                 ):
                     self.fused[o.id] = src.id
         self.fused_mm = set(self.fused.values())
+        self.scaled = self._scaled_after_dot() if opts.scale_after_dot else {}
+        self.absorbed = {div for div, _, _ in self.scaled.values()}
         self._check_groups()
+
+    def _scaled_after_dot(self) -> dict[int, tuple[int, int, int]]:
+        """Matmuls whose operand is ``x / r`` with ``r`` constant along the contracted dim
+        (r of shape [.., 1, N] for B, [.., M, 1] for A), the quotient used by nothing else:
+        ``matmul -> (div id, x id, r id)``. They are printed as ``dot(.., x) * (1 / r)``: the
+        loaded tile goes to ``tl.dot`` as it is, so Triton can stream it through shared memory
+        (a tile computed in registers cannot be), and the division is done on the product
+        instead of on the tile (qknorm: [G, L] scores against a [d, L] K tile)."""
+        outputs = {o.src for o in self.k.outputs}
+        found: dict[int, tuple[int, int, int]] = {}
+        for m in self.k.ops:
+            if m.op != "matmul" or m.id in self.fused_mm:
+                continue
+            for side in (1, 0):
+                div = self.by_id[m.args[side]]
+                if (
+                    div.op != "binary"
+                    or div.attr("binop") != "div"
+                    or div.id in outputs
+                    or [c.id for c in self.k.consumers(div.id)] != [m.id]
+                    or div.phase != m.phase
+                    or (div.id in self.invariant) != (m.id in self.invariant)
+                    or m.args[0] == m.args[1]
+                ):
+                    continue
+                x, r = (self.by_id[a] for a in div.args)
+                out = self.pdims[m.id]
+                rp = self.pdims[r.id]
+                keep = -1 if side == 1 else -2  # the operand's dim that the product keeps
+                if (
+                    self.pdims[x.id] != self.pdims[div.id]
+                    or x.dims != div.dims
+                    or len(rp) != len(out)
+                    or rp[-1 if side == 0 else -2] != 1
+                    or rp[keep] not in (1, out[keep])
+                    or any(p not in (1, q) for p, q in zip(rp[:-2], out[:-2], strict=True))
+                ):
+                    continue
+                found[m.id] = (div.id, x.id, r.id)
+                break
+        return found
 
     # -- utilities -------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -461,6 +509,9 @@ class _KernelPrinter:
         elif kind == "matmul":
             if o.id in self.fused_mm:
                 return
+            if o.id in self.scaled:
+                self.emit_scaled_dot(o)
+                return
             a, b = (self.vals[x] for x in o.args)
             r = a.rank
             clean = [d for d in range(r - 2) if d in a.clean and d in b.clean]
@@ -472,7 +523,8 @@ class _KernelPrinter:
         elif kind == "unary":
             self.emit_unary(o)
         elif kind == "binary":
-            self.emit_binary(o)
+            if o.id not in self.absorbed:  # printed by its matmul (emit_scaled_dot)
+                self.emit_binary(o)
         elif kind == "reduction":
             x = self.vals[o.args[0]]
             d = o.attr("dim")
@@ -501,6 +553,26 @@ class _KernelPrinter:
             self.emit_concat(o)
         else:  # pragma: no cover - validated by the parser
             raise CodegenError(f"kernel {self.k.name!r}: cannot print op {kind!r}")
+
+    def emit_scaled_dot(self, o: TileOp) -> None:
+        """``dot(a, x / r)`` as ``dot(a, x) * (1 / r)`` (see :meth:`_scaled_after_dot`)."""
+        div, x, r = self.scaled[o.id]
+        raw = replace(o, args=tuple(x if a == div else a for a in o.args))
+        a, b = (self.vals[i] for i in raw.args)
+        rank = a.rank
+        clean = [d for d in range(rank - 2) if d in a.clean and d in b.clean]
+        if (rank - 2) in a.clean:
+            clean.append(rank - 2)
+        if (rank - 1) in b.clean:
+            clean.append(rank - 1)
+        rv = self.vals[r]
+        pad = [d for d in range(rv.rank) if rv.padded(d)]
+        if pad:  # padded divisor lanes read 1, as in emit_binary
+            den = self.masked(rv, pad, fill="1.0", force=True)
+            rv = _Val(f"({den})", rv.dims, rv.pdims, "float32")
+        out = self.by_id[o.id]
+        scale = self.broadcast_operand(rv, out.dims, self.pdims[o.id])
+        self.bind(o.id, f"{self.dot_expr(raw, None)} * (1.0 / ({scale}))", clean=clean)
 
     def emit_unary(self, o: TileOp) -> None:
         x = self.vals[o.args[0]]
@@ -762,11 +834,17 @@ class _KernelPrinter:
         beside X @ W) left the H100 loop unpipelined: 48 µs against 21 µs with the
         elementwise user reading its own copy of the tile (benchmarks/tile_sweep.py)."""
         in_loop = {o.id for o in loop_ops}
+        absorbed_by = {div: m for m, (div, _, _) in self.scaled.items()}
         out: set[int] = set()
         for o in loop_ops:
             if o.op != "input" or o.id in self.invariant:
                 continue
-            users = [c for c in self.k.consumers(o.id) if c.id in in_loop]
+            # a quotient printed by its matmul (emit_scaled_dot) counts as that matmul
+            users = [
+                self.by_id[absorbed_by.get(c.id, c.id)]
+                for c in self.k.consumers(o.id)
+                if c.id in in_loop
+            ]
             if any(c.op == "matmul" for c in users) and any(c.op != "matmul" for c in users):
                 out.add(o.id)
         return out
