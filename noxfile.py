@@ -20,6 +20,11 @@ import nox
 ROOT = Path(__file__).resolve().parent
 VENDORS = ("cpu", "cuda", "rocm", "mps", "ascend", "tpu")
 HARDWARE = ("cuda", "rocm", "mps", "ascend", "tpu")
+#: Python sources type-checked (mypy --strict) by the lint session.
+TYPED_SOURCES = (
+    "packages/yirage/python/yirage",
+    *(f"packages/yirage-{v}/yirage_{v}" for v in VENDORS),
+)
 # torch (CPU use), triton (its interpreter runs the generated CUDA kernels without a GPU) and
 # matplotlib (benchmark plots) are test dependencies: without them those tests would skip.
 TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch", "triton", "matplotlib")
@@ -59,7 +64,7 @@ def _install_yirage(session: nox.Session, *, vendors: bool = True) -> None:
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
     """Static checks of Python and Rust, and the native module against its stub."""
-    session.install("ruff==0.17.6", "mypy")
+    session.install("ruff==0.17.6", "mypy==2.4.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("cargo", "fmt", "--all", "--check", external=True)
@@ -68,6 +73,7 @@ def lint(session: nox.Session) -> None:
     )
     _install_yirage(session, vendors=False)
     session.run("python", "-m", "mypy.stubtest", "yirage._core")
+    session.run("mypy", *TYPED_SOURCES)  # strict, configured in pyproject.toml
 
 
 @nox.session(python=False, tags=["ci"])

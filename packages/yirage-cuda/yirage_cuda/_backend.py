@@ -353,7 +353,9 @@ class CudaBackend(Backend):
 
     def _sm_count(self) -> int:
         info = None if self.interpret else _toolchain.device_info()
-        return info.sm_count if info is not None else _device_spec.H100_SXM.compute_units
+        if info is not None:
+            return info.sm_count
+        return _device_spec.H100_SXM.compute_units or 132
 
     def compile(self, source: Any) -> CudaArtifact:
         if not isinstance(source, CudaSource):

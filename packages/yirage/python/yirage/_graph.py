@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -393,7 +393,7 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         config: object = None,
         top_k: int = 4,
         check: bool = True,
-        **search_options: object,
+        **search_options: Any,
     ) -> OptimizedKernel:
         """Search, compile, check and profile this graph on ``backend``; see
         :func:`yirage.superoptimize`."""
