@@ -914,16 +914,21 @@ fn search_in_pool(
         if verified.len() >= cfg.top_k || tests >= cfg.max_verify {
             break;
         }
-        let cap = if leader == Some(r.skel) {
-            PER_LEADING_STRUCTURE
-        } else {
-            PER_STRUCTURE
-        };
         let kernels = skeletons[r.skel].ops.len();
-        if !second
-            && (per_skel[r.skel] >= cap
-                || held_for_fewest(&verified_kernels, fewest, cfg.top_k, kernels))
-        {
+        // first pass: structures at their cap, or waiting for the fewest kernels, wait
+        let held_back = |i: usize| {
+            let skel = reals[i].skel;
+            let cap = if leader == Some(skel) {
+                PER_LEADING_STRUCTURE
+            } else {
+                PER_STRUCTURE
+            };
+            let k = skeletons[skel].ops.len();
+            !second
+                && (per_skel[skel] >= cap
+                    || held_for_fewest(&verified_kernels, fewest, cfg.top_k, k))
+        };
+        if held_back(queue[qi - 1]) {
             skipped.push(queue[qi - 1]);
             continue;
         }
@@ -935,7 +940,7 @@ fn search_in_pool(
             verify_stop = Stop::Time;
             break;
         }
-        let Ok((mut g, label)) = realise(target, &skeletons[r.skel], &r.choice) else {
+        let Ok((g, label)) = realise(target, &skeletons[r.skel], &r.choice) else {
             p.rejected.fetch_add(1, Ordering::Relaxed);
             continue;
         };
@@ -974,7 +979,6 @@ fn search_in_pool(
                 // (`verify_width`): one fingerprint uses 16 cores poorly (2.7x over one core
                 // on the H100 host), four at once give 2.3x its throughput. Verdicts of
                 // candidates the loop then skips are unused; the outcome is the serial loop's.
-                let mut batch = vec![(h.clone(), g)];
                 let ahead = lookahead(
                     target,
                     &skeletons,
@@ -982,26 +986,19 @@ fn search_in_pool(
                     &queue[qi..],
                     spec,
                     width - 1,
-                    |i| {
-                        let r = &reals[i];
-                        let cap = if leader == Some(r.skel) {
-                            PER_LEADING_STRUCTURE
-                        } else {
-                            PER_STRUCTURE
-                        };
-                        let kernels = skeletons[r.skel].ops.len();
-                        second
-                            || !(per_skel[r.skel] >= cap
-                                || held_for_fewest(&verified_kernels, fewest, cfg.top_k, kernels))
-                    },
+                    |i| !held_back(i),
                     |h| seen.contains(h) || verdicts.contains_key(h),
                 );
-                batch.extend(ahead);
-                let oks: Vec<bool> = batch.par_iter().map(|(_, g)| check.matches(g)).collect();
-                let mut it = batch.into_iter().zip(oks);
-                let ((_, first), ok) = it.next().expect("the batch holds this candidate");
-                g = first;
-                verdicts.extend(it.map(|((h, _), ok)| (h, ok)));
+                let (ok, oks) = rayon::join(
+                    || check.matches(&g),
+                    || {
+                        ahead
+                            .par_iter()
+                            .map(|(_, a)| check.matches(a))
+                            .collect::<Vec<_>>()
+                    },
+                );
+                verdicts.extend(ahead.into_iter().map(|(h, _)| h).zip(oks));
                 ok
             }
         };
