@@ -17,14 +17,20 @@ use crate::ops::AccumKind;
 use crate::phase::Phase;
 use crate::shape::fmt_dims;
 use rayon::prelude::*;
+use std::borrow::{Borrow, Cow};
 
 fn internal(what: &str) -> CoreError {
     CoreError::Evaluation(format!("internal error: {what} (please report this graph)"))
 }
 
-fn get<V>(vals: &[Option<Dense<V>>], id: usize) -> Result<&Dense<V>> {
+/// A tensor's value during execution: the caller's input (borrowed) or a computed one.
+type Val<'a, V> = Option<Cow<'a, Dense<V>>>;
+
+/// The value of tensor `id` (kernel level: [`Val`]s; block level: owned tiles).
+fn get<V, T: Borrow<Dense<V>>>(vals: &[Option<T>], id: usize) -> Result<&Dense<V>> {
     vals.get(id)
         .and_then(|v| v.as_ref())
+        .map(|v| v.borrow())
         .ok_or_else(|| internal(&format!("value of t{id} missing")))
 }
 
@@ -75,6 +81,16 @@ pub fn run_kernel_graph_ranks<D: Domain>(
     g: &KernelGraph,
     inputs: Vec<Vec<Dense<D::V>>>,
 ) -> Result<Vec<Vec<Dense<D::V>>>> {
+    run_kernel_graph_ranks_on(d, g, &inputs)
+}
+
+/// [`run_kernel_graph_ranks`] on borrowed inputs (not copied: fingerprinting checks many
+/// candidates on the same inputs).
+pub fn run_kernel_graph_ranks_on<D: Domain>(
+    d: &D,
+    g: &KernelGraph,
+    inputs: &[Vec<Dense<D::V>>],
+) -> Result<Vec<Vec<Dense<D::V>>>> {
     g.check_complete()?;
     let n = g.world_size();
     if inputs.len() != n {
@@ -108,15 +124,15 @@ pub fn run_kernel_graph_ranks<D: Domain>(
         }
     }
     check_size(g)?;
-    let mut vals: Vec<Vec<Option<Dense<D::V>>>> = vec![vec![None; g.num_tensors()]; n];
-    let mut inputs: Vec<_> = inputs.into_iter().map(|v| v.into_iter()).collect();
+    let mut vals: Vec<Vec<Val<'_, D::V>>> = vec![vec![None; g.num_tensors()]; n];
+    let mut inputs: Vec<_> = inputs.iter().map(|v| v.iter()).collect();
     for op in g.ops() {
-        let outs: Vec<Vec<Dense<D::V>>> = match &op.kind {
+        let outs: Vec<Vec<Cow<'_, Dense<D::V>>>> = match &op.kind {
             KernelOpKind::Input { .. } => inputs
                 .iter_mut()
                 .map(|it| {
                     it.next()
-                        .map(|v| vec![v])
+                        .map(|v| vec![Cow::Borrowed(v)])
                         .ok_or_else(|| internal("input count"))
                 })
                 .collect::<Result<_>>()?,
@@ -125,12 +141,12 @@ pub fn run_kernel_graph_ranks<D: Domain>(
                 for rank_vals in &vals[1..] {
                     dense::add_assign(d, &mut acc, get(rank_vals, *x)?);
                 }
-                vec![vec![acc]; n]
+                vec![vec![Cow::Owned(acc)]; n]
             }
-            kind if n == 1 => vec![run_op(d, kind, &vals[0])?],
+            kind if n == 1 => vec![owned(run_op(d, kind, &vals[0])?)],
             kind => vals
                 .par_iter()
-                .map(|v| run_op(d, kind, v))
+                .map(|v| run_op(d, kind, v).map(owned))
                 .collect::<Result<_>>()?,
         };
         for (rank_vals, rank_outs) in vals.iter_mut().zip(outs) {
@@ -149,6 +165,7 @@ pub fn run_kernel_graph_ranks<D: Domain>(
                 .map(|&o| {
                     rank_vals[o]
                         .take()
+                        .map(Cow::into_owned)
                         .ok_or_else(|| internal("output missing"))
                 })
                 .collect()
@@ -156,11 +173,15 @@ pub fn run_kernel_graph_ranks<D: Domain>(
         .collect()
 }
 
+fn owned<'a, V: Clone>(outs: Vec<Dense<V>>) -> Vec<Cow<'a, Dense<V>>> {
+    outs.into_iter().map(Cow::Owned).collect()
+}
+
 /// One rank's results of a per-rank op (not an input, not a collective).
 fn run_op<D: Domain>(
     d: &D,
     kind: &KernelOpKind,
-    vals: &[Option<Dense<D::V>>],
+    vals: &[Val<'_, D::V>],
 ) -> Result<Vec<Dense<D::V>>> {
     let one = |v: Dense<D::V>| Ok(vec![v]);
     match kind {

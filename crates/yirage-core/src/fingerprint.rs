@@ -27,7 +27,7 @@
 use crate::dense::Dense;
 use crate::domain::Domain;
 use crate::error::{eval_err, shape_err, CoreError, Result};
-use crate::exec::run_kernel_graph_ranks;
+use crate::exec::run_kernel_graph_ranks_on;
 use crate::field::{fv_from_key, mix64, mix_words, Fv, G, LAZY_TERMS, P, Q};
 use crate::kernel_graph::KernelGraph;
 use crate::ops::{BinaryOp, UnaryOp};
@@ -224,37 +224,80 @@ pub fn fingerprint_values(
 
 /// Field outputs of trial `t` (entry `t` of [`fingerprint_values`]).
 fn trial_values(g: &KernelGraph, seed: u64, t: u64) -> Result<Vec<Dense<Fv>>> {
-    let ins = (0..g.world_size())
+    trial_values_on(g, seed, t, &trial_inputs(g, seed, t))
+}
+
+/// Every rank's random field inputs of trial `t`.
+fn trial_inputs(g: &KernelGraph, seed: u64, t: u64) -> Vec<Vec<Dense<Fv>>> {
+    (0..g.world_size())
         .map(|r| random_rank_inputs(g, seed, t, r))
-        .collect();
-    let outs = run_kernel_graph_ranks(&FieldDomain::new(seed, t), g, ins)?;
+        .collect()
+}
+
+fn trial_values_on(
+    g: &KernelGraph,
+    seed: u64,
+    t: u64,
+    inputs: &[Vec<Dense<Fv>>],
+) -> Result<Vec<Dense<Fv>>> {
+    let outs = run_kernel_graph_ranks_on(&FieldDomain::new(seed, t), g, inputs)?;
     Ok(outs.into_iter().flatten().collect())
 }
 
 /// A target's fingerprint values, against which candidates are checked trial by trial: a
 /// candidate that differs in the first trial (most wrong ones) costs one trial, not `trials`.
-/// Agrees with comparing [`fingerprint`] digests.
+/// Agrees with comparing [`fingerprint`] digests. The random inputs of every trial are kept
+/// (candidates share the target's inputs; drawing them was a fifth of a search's time).
 pub struct TrialCheck {
     seed: u64,
-    values: Vec<Vec<Dense<Fv>>>,
+    signature: (Vec<(Dims, DType)>, usize),
+    trials: Vec<Trial>,
+}
+
+/// One trial of the target: every rank's inputs and the outputs.
+struct Trial {
+    inputs: Vec<Vec<Dense<Fv>>>,
+    outputs: Vec<Dense<Fv>>,
 }
 
 impl TrialCheck {
     /// Evaluates the target's `trials` trials.
     pub fn new(target: &KernelGraph, trials: usize, seed: u64) -> Result<Self> {
+        target.check_complete()?;
+        crate::exec::check_size(target)?;
+        if trials == 0 {
+            return eval_err("fingerprint: trials must be ≥ 1");
+        }
+        let trials = (0..trials as u64)
+            .into_par_iter()
+            .map(|t| {
+                let inputs = trial_inputs(target, seed, t);
+                let outputs = trial_values_on(target, seed, t, &inputs)?;
+                Ok(Trial { inputs, outputs })
+            })
+            .collect::<Result<_>>()?;
         Ok(Self {
             seed,
-            values: fingerprint_values(target, trials, seed)?,
+            signature: (target.input_signature(), target.world_size()),
+            trials,
         })
     }
 
     /// Whether `g` has the target's values in every trial (false when `g` cannot be
     /// evaluated).
     pub fn matches(&self, g: &KernelGraph) -> bool {
-        g.check_complete().is_ok()
-            && crate::exec::check_size(g).is_ok()
-            && (0..self.values.len())
-                .all(|t| trial_values(g, self.seed, t as u64).is_ok_and(|v| v == self.values[t]))
+        if g.check_complete().is_err() || crate::exec::check_size(g).is_err() {
+            return false;
+        }
+        let same_inputs = (g.input_signature(), g.world_size()) == self.signature;
+        self.trials.iter().enumerate().all(|(t, trial)| {
+            let got = if same_inputs {
+                trial_values_on(g, self.seed, t as u64, &trial.inputs)
+            } else {
+                trial_values(g, self.seed, t as u64)
+            };
+            got.is_ok_and(|v| v == trial.outputs)
+        })
     }
 }
 

@@ -105,28 +105,30 @@ pub fn norm_dim(what: &str, dim: i64, rank: usize) -> Result<usize> {
 
 /// Output dims of `A · B` (see module doc for the rule).
 pub fn matmul_dims(what: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
-    let (fa, fb) = (fmt_dims(a), fmt_dims(b));
+    // formatted only on error: the search calls this for every candidate matmul
+    let ab = || format!("{what}: A{} · B{}", fmt_dims(a), fmt_dims(b));
     if a.len() < 2 || b.len() < 2 {
-        return shape_err(format!(
-            "{what}: A{fa} · B{fb}: both operands need at least 2 dims"
-        ));
+        return shape_err(format!("{}: both operands need at least 2 dims", ab()));
     }
     if a.len() != b.len() {
         return shape_err(format!(
-            "{what}: A{fa} · B{fb}: operands must have the same rank (batch dims are not broadcast)"
+            "{}: operands must have the same rank (batch dims are not broadcast)",
+            ab()
         ));
     }
     let r = a.len();
     if a[..r - 2] != b[..r - 2] {
         return shape_err(format!(
-            "{what}: A{fa} · B{fb}: batch dims {} and {} must be equal",
+            "{}: batch dims {} and {} must be equal",
+            ab(),
             fmt_dims(&a[..r - 2]),
             fmt_dims(&b[..r - 2])
         ));
     }
     if a[r - 1] != b[r - 2] {
         return shape_err(format!(
-            "{what}: A{fa} · B{fb}: A's last dim ({}) must equal B's dim -2 ({})",
+            "{}: A's last dim ({}) must equal B's dim -2 ({})",
+            ab(),
             a[r - 1],
             b[r - 2]
         ));

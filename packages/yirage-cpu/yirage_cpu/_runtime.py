@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -113,7 +113,7 @@ def _as_numpy(x: object, spec: _BufSpec, what: str) -> tuple[np.ndarray, bool]:
     if _is_torch(x):
         import torch
 
-        t: torch.Tensor = x  # type: ignore[assignment]
+        t = cast("torch.Tensor", x)
         if t.device.type != "cpu":
             hint = (
                 'backend="cuda"'

@@ -923,34 +923,39 @@ fn moves(
             }
         };
         let v = |i: usize| &vs[i];
-        let (abs, dims) = match c {
+        // the abstract value first: it prunes most candidates, before any dims are built
+        let abs = match c {
+            Cand::Matmul(a, b) => lift_matmul(&mut lb, v(a).abs, v(b).abs),
+            Cand::Binary(op, a, b) => lift_binary(&mut lb, op, v(a).abs, v(b).abs),
+            Cand::Unary(op, x) => lift_unary(&mut lb, op, v(x).abs),
+            Cand::Reduction(x, _) => lb.target.lookup(super::expr::AbsNode::Sum(v(x).abs)),
+            Cand::RmsNorm(x) => lift_rms_norm(&mut lb, v(x).abs, None),
+            Cand::Accum(x, kind) => lift_accum(&mut lb, kind, v(x).abs),
+        };
+        if abs.known().is_none() && run.cfg.prune || !in_goal(abs) {
+            run.count_pruned();
+            continue;
+        }
+        let dims = match c {
             Cand::Matmul(a, b) => match matmul_dims("", &v(a).dims, &v(b).dims) {
-                Ok(d) => (lift_matmul(&mut lb, v(a).abs, v(b).abs), d),
+                Ok(d) => d,
                 Err(_) => continue,
             },
-            Cand::Binary(op, a, b) => match broadcast_dims("", &v(a).dims, &v(b).dims) {
-                Ok(d) => (lift_binary(&mut lb, op, v(a).abs, v(b).abs), d),
+            Cand::Binary(_, a, b) => match broadcast_dims("", &v(a).dims, &v(b).dims) {
+                Ok(d) => d,
                 Err(_) => continue,
             },
-            Cand::Unary(op, x) => (lift_unary(&mut lb, op, v(x).abs), v(x).dims.clone()),
-            Cand::Reduction(x, d) => (
-                lb.target.lookup(super::expr::AbsNode::Sum(v(x).abs)),
-                keepdim_dims(&v(x).dims, d),
-            ),
-            Cand::RmsNorm(x) => (lift_rms_norm(&mut lb, v(x).abs, None), v(x).dims.clone()),
+            Cand::Unary(_, x) | Cand::RmsNorm(x) => v(x).dims.clone(),
+            Cand::Reduction(x, d) => keepdim_dims(&v(x).dims, d),
             Cand::Accum(x, kind) => {
                 let mut d = v(x).dims.clone();
                 if !matches!(kind, AccumKind::Iter) {
                     let r = d.len() - 1;
                     d[r] = 1;
                 }
-                (lift_accum(&mut lb, kind, v(x).abs), d)
+                d
             }
         };
-        if abs.known().is_none() && run.cfg.prune || !in_goal(abs) {
-            run.count_pruned();
-            continue;
-        }
         if st
             .tiles
             .iter()
