@@ -137,3 +137,19 @@ def test_normalised_dot_operand_is_scaled_after_the_dot(dtype: str) -> None:
     for be in backends.values():
         outs, xs = run_case(be, case, seed=2)
         assert rel_err(outs[0], case.reference(*xs)[0]) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_scaled_dot_with_padded_tiles(dtype: str) -> None:
+    """d = 48 and kv tiles of 40 are padded to 64: the divisor's padded lanes read 1, so the
+    scaled scores stay finite and the result matches the reference."""
+    from yirage_cuda import CudaBackend
+    from yirage_cuda._triton_codegen import TritonOptions
+
+    case = plans.gqa_decode(qk_norm=True, dtype=dtype, d=48, kv_len=480, splits=4, tl=40, group=3)
+    be = CudaBackend(interpret=True, triton_options=TritonOptions(bf16_dot_as_fp32=True))
+    code = be.codegen(case.plan).code
+    scores = next(ln for ln in code.splitlines() if "tl.dot(" in ln)
+    assert "* (1.0 / ((tl.where((tl.arange(0, 64) < 40)" in scores, scores
+    outs, xs = run_case(be, case, seed=1)
+    assert rel_err(outs[0], case.reference(*xs)[0]) <= TOL[dtype]
