@@ -60,8 +60,9 @@ def main() -> None:
         "--scale-after-dot",
         nargs="+",
         choices=["on", "off"],
-        default=["on"],
-        help="print a normalised dot operand raw and scale the product (on), or as a quotient",
+        default=["off"],
+        help="print a normalised dot operand raw and scale the product (on, the backend's "
+        "*_scaled variants), or as a quotient (off)",
     )
     args = ap.parse_args()
 

@@ -53,15 +53,24 @@ SPLIT_TARGETS = [
 @pytest.mark.parametrize("case", SPLIT_TARGETS, ids=[_id(c) for c in SPLIT_TARGETS])
 def test_split_kernels_compile_for_sm90(case: plans.Case) -> None:
     """The split printings of the full-size workloads (as the backend prints them for an
-    H100's 132 SMs: parts, arrival counter and the in-kernel combine) compile too."""
+    H100's 132 SMs: parts, arrival counter and the in-kernel combine) compile too, and so
+    does the scaled-dot printing where it differs (qknorm_gqa)."""
     plan = parse_plan(case.plan)
     splits = tuple((k.name, s) for k in plan.generated if (s := loop_split(k, 132)) > 1)
-    src = generate_triton(plan, TritonOptions(smem_limit=227 * 1024, split_loop=splits))
-    path = _toolchain.write_triton_module(src.text, src.codegen_version)
-    module = _toolchain.load_triton_module(path, interpret=False)
-    info = _toolchain.aot_compile_triton(module, {b.id: b.dtype for b in plan.buffers}, arch=90)
-    assert set(info) == {k.name for k in plan.generated}
-    assert all(k["cubin_bytes"] > 0 for k in info.values())
+    texts: set[str] = set()
+    for scaled in (False, True):
+        opts = TritonOptions(smem_limit=227 * 1024, split_loop=splits, scale_after_dot=scaled)
+        src = generate_triton(plan, opts)
+        if src.text in texts:
+            continue
+        texts.add(src.text)
+        path = _toolchain.write_triton_module(src.text, src.codegen_version)
+        module = _toolchain.load_triton_module(path, interpret=False)
+        dtypes = {b.id: b.dtype for b in plan.buffers}
+        info = _toolchain.aot_compile_triton(module, dtypes, arch=90)
+        assert set(info) == {k.name for k in plan.generated}
+        assert all(k["cubin_bytes"] > 0 for k in info.values())
+    assert len(texts) == (2 if case.workload == "qknorm_gqa" else 1)
 
 
 @needs_nvrtc

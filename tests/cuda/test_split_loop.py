@@ -197,8 +197,9 @@ def test_warmup_compiles_without_running() -> None:
 def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:
     """On a GPU (codegen needs none) an under-filled kernel is printed split as
     ``loop_split`` says, split half as many ways, and with deeper pipelines except for
-    attention (safe-softmax) plans; printings that come out identical are kept once. The
-    interpreter prints only the split."""
+    attention (safe-softmax) plans; printings that come out identical are kept once (a plan
+    without a normalised dot operand gets no scaled printing). The interpreter prints only
+    the split."""
     from yirage_cuda import CudaBackend
     from yirage_cuda._triton_codegen import DEEP_STAGES, MAX_SPLIT
 
@@ -220,3 +221,12 @@ def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:
     assert tables["triton_split_half"]["attn"]["split"] == 8
     interp = CudaBackend(interpret=True, cuda_cpp=False).codegen(attn.plan)
     assert set(interp.triton_variants) == {"triton_split"}
+
+    # qknorm's normalised K tile: the split printing also multiplies it raw (its own variant)
+    qk = plans.gqa_decode(bb=16, group=4, d=128, kv_len=4096, splits=1, tl=64, qk_norm=True)
+    src = CudaBackend(cuda_cpp=False).codegen(qk.plan)
+    assert set(src.triton_variants) == {"triton_split", "triton_split_half", "triton_split_scaled"}
+    scaled = src.triton_variants["triton_split_scaled"]
+    assert scaled.options.scale_after_dot and scaled.options.split_loop
+    assert not src.triton_variants["triton_split"].options.scale_after_dot
+    assert "t2e = tl.load(" in scaled.text and "t2e = tl.load(" not in src.triton.text

@@ -147,7 +147,8 @@ def test_scaled_dot_with_padded_tiles(dtype: str) -> None:
     from yirage_cuda._triton_codegen import TritonOptions
 
     case = plans.gqa_decode(qk_norm=True, dtype=dtype, d=48, kv_len=480, splits=4, tl=40, group=3)
-    be = CudaBackend(interpret=True, triton_options=TritonOptions(bf16_dot_as_fp32=True))
+    opts = TritonOptions(bf16_dot_as_fp32=True, scale_after_dot=True)
+    be = CudaBackend(interpret=True, triton_options=opts)
     code = be.codegen(case.plan).code
     scores = next(ln for ln in code.splitlines() if "tl.dot(" in ln)
     assert "* (1.0 / ((tl.where((tl.arange(0, 64) < 40)" in scores, scores

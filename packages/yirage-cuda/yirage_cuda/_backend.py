@@ -5,7 +5,8 @@ kernels that leave SMs idle split across extra blocks, the last part of each blo
 the parts (split-K / flash-decoding, when some kernel qualifies:
 :func:`~yirage_cuda._triton_codegen.loop_split`),
 both also with 5-stage pipelines ("triton_deep", "triton_split_deep"), the split one also
-split half as many ways ("triton_split_half"), and as CUDA C++
+split half as many ways ("triton_split_half") and with a normalised dot operand multiplied
+raw and the product scaled ("triton_split_scaled" / "triton_scaled"), and as CUDA C++
 (when the printer can lay the kernel out in shared memory). ``compile`` writes the Triton
 modules into the cache and, on a GPU machine, compiles the C++ with NVRTC/nvcc for the live
 architecture. ``load`` returns a :class:`CudaKernel` running the Triton variant;
@@ -75,7 +76,8 @@ class CudaSource:
     cuda_error: str | None = None
     #: further printings of the plan by variant name: "triton_split" (the under-filled
     #: kernels' loops split), "triton_split_half" (split half as many ways), "triton_deep" /
-    #: "triton_split_deep" (deeper pipelines)
+    #: "triton_split_deep" (deeper pipelines), "triton_split_scaled" / "triton_scaled" (a
+    #: normalised dot operand multiplied raw, the product scaled)
     triton_variants: dict[str, TritonSource] = field(default_factory=dict)
 
     @property
@@ -333,6 +335,14 @@ class CudaBackend(Backend):
             printings["triton_deep"] = deep
             if splits:
                 printings["triton_split_deep"] = dataclasses.replace(deep, split_loop=splits)
+        # a normalised dot operand multiplied raw and the product scaled instead (qknorm's K
+        # tile): fewer elementwise ops but more registers and a second read of the tile
+        # (sm_90 compiles: 239 registers against 203), so profiling decides; a plan without
+        # such an operand prints the same text, which is kept once
+        if not self.interpret and not topts.scale_after_dot:
+            base = printings.get("triton_split", topts)
+            scaled = "triton_split_scaled" if "triton_split" in printings else "triton_scaled"
+            printings[scaled] = dataclasses.replace(base, scale_after_dot=True)
         texts = {triton_src.text}
         for name, opts in printings.items():
             src = generate_triton(p, opts)

@@ -85,7 +85,8 @@ class TritonOptions:
     combines the parts, or with ``last_block_combine`` off a separate combine kernel does.
     ``scale_after_dot``: a matmul operand divided by a vector that is constant along the
     contracted dim (qknorm's K tile over its row norms) is multiplied raw and the product
-    scaled instead (see :meth:`_KernelPrinter._scaled_after_dot`).
+    scaled instead (see :meth:`_KernelPrinter._scaled_after_dot`); the backend profiles it as
+    a variant of its own.
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -98,7 +99,7 @@ class TritonOptions:
     split_loop: tuple[tuple[str, int], ...] = ()
     max_stages: int = DEFAULT_STAGES
     last_block_combine: bool = True
-    scale_after_dot: bool = True
+    scale_after_dot: bool = False
 
     def key(self) -> str:
         return (
