@@ -275,9 +275,9 @@ class _KernelPrinter:
         """Matmuls whose operand is ``x / r`` with ``r`` constant along the contracted dim
         (r of shape [.., 1, N] for B, [.., M, 1] for A), the quotient used by nothing else:
         ``matmul -> (div id, x id, r id)``. They are printed as ``dot(.., x) * (1 / r)``: the
-        loaded tile goes to ``tl.dot`` as it is, so Triton can stream it through shared memory
-        (a tile computed in registers cannot be), and the division is done on the product
-        instead of on the tile (qknorm: [G, L] scores against a [d, L] K tile)."""
+        loaded tile goes to ``tl.dot`` as it is and the division is done on the product
+        instead of on the tile (qknorm: [G, L] scores against a [d, L] K tile), which saves
+        elementwise work but costs registers; the backend times both printings."""
         outputs = {o.src for o in self.k.outputs}
         found: dict[int, tuple[int, int, int]] = {}
         for m in self.k.ops:
