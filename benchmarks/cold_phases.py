@@ -1,6 +1,7 @@
 """Where a cold ``superoptimize`` spends its time on the cuda backend: the report's phases,
 the backend's codegen / compile / load / precompile / profile calls, and the span of every
-Triton compile in the precompile thread pool (which kernel bounds the wall time).
+Triton compile in the precompile thread pool (which kernel bounds the wall time), and within
+profiling the time in eager timed launches, graph capture, graph replays and input drawing.
 
     python benchmarks/cold_phases.py qknorm_gqa:gpu gqa_decode:gpu_kv16384
 
@@ -19,7 +20,7 @@ import triton.compiler
 
 import yirage as yr
 from yirage._workloads import get_workload
-from yirage_cuda import _backend
+from yirage_cuda import _backend, _runtime
 
 _spans: list[tuple[float, float, str, str]] = []
 _calls: dict[str, list[float]] = {}
@@ -41,7 +42,7 @@ def _wrap_compile() -> None:
 
 
 def _wrap_backend() -> None:
-    for name in ("codegen", "compile", "load", "precompile", "profile"):
+    for name in ("codegen", "compile", "load", "precompile", "profile", "_contenders", "_checked"):
         method = getattr(_backend.CudaBackend, name)
 
         def timed(self: Any, *args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
@@ -52,6 +53,23 @@ def _wrap_backend() -> None:
                 _calls.setdefault(_n, []).append(time.perf_counter() - t0)
 
         setattr(_backend.CudaBackend, name, timed)
+    # inside profile: eager timed launches, graph capture, graph replays, fresh input sets
+    for owner, name, label in (
+        (_runtime, "_launch_times", "launches"),
+        (_runtime.GraphTimer, "__init__", "capture"),
+        (_runtime.GraphTimer, "times", "replays"),
+        (_runtime, "_fresh_like", "fresh sets"),
+    ):
+        fn = getattr(owner, name)
+
+        def timed_fn(*args: Any, _f: Any = fn, _n: str = label, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(*args, **kw)
+            finally:
+                _calls.setdefault(_n, []).append(time.perf_counter() - t0)
+
+        setattr(owner, name, timed_fn)
 
 
 def main() -> None:

@@ -269,6 +269,7 @@ def run_config(
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "passed": False}
     cfg: dict[str, Any] = {"variants": {}, "passed": True}
+    art.wait_cuda()
     if art.cuda_error:
         cfg["cuda_error"] = art.cuda_error.splitlines()[0][:300]
     for vname, launcher in kernel.variants.items():

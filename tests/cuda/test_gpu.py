@@ -112,6 +112,35 @@ def test_profile_graph_replay_and_variant_choice(gpu: Any) -> None:
     assert again.variant == kernel.variant  # the choice is remembered per plan and device
 
 
+def test_profiling_session_captures_once_and_replays(gpu: Any) -> None:
+    """Inside a profiling session the first round runs the launcher eagerly (probe, timed
+    launches, capture); later rounds only replay its graphs. The session is dropped on exit."""
+    from yirage._workloads import get_workload
+
+    kernel = gpu.load(gpu.compile(gpu.codegen(TARGETS[1].plan)))
+    launcher = kernel.variants["triton"]
+    calls = []
+    original = launcher.run_unchecked
+
+    def counted(inputs: Any) -> Any:
+        calls.append(1)
+        return original(inputs)
+
+    launcher.run_unchecked = counted
+    tensors = get_workload("rmsnorm_linear").inputs("gpu", device="cuda")
+    opts = {"min_time_s": 0.01, "min_repeats": 3}
+    with gpu.profiling_session():
+        first = gpu.profile(kernel, tensors, **opts)
+        eager = len(calls)
+        second = gpu.profile(kernel, tensors, **opts)
+        assert gpu._timing is not None
+    assert eager > 0 and len(calls) == eager  # the second round did not call the launcher
+    assert second.repeats == first.repeats and second.graph_median_us is not None
+    assert gpu._timing is None
+    gpu.profile(kernel, tensors, **opts)  # outside a session: captured afresh
+    assert len(calls) > eager
+
+
 def test_cuda_graph_capture_and_streams(gpu: Any) -> None:
     import torch
 

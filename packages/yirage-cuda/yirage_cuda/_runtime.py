@@ -30,6 +30,7 @@ __all__ = [
     "CudaLauncher",
     "InputError",
     "ProfileResult",
+    "TimingSession",
     "TritonLauncher",
     "check_inputs",
     "matmul_fp32",
@@ -372,6 +373,90 @@ def _fresh_like(inputs: Sequence[Any], seed: int) -> list[Any]:
 CALLS_PER_GRAPH = 10
 
 
+def _l2_flush_buffer(dev: Any) -> Any:
+    """A buffer twice the L2 size: writing it evicts the inputs from L2 before a timed run."""
+    torch = _torch()
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 * 2**20) or 50 * 2**20
+    return torch.empty(2 * l2, dtype=torch.int8, device=dev)
+
+
+def _launch_times(
+    fn: Callable[[Sequence[Any]], Any],
+    input_sets: Sequence[Sequence[Any]],
+    dev: Any,
+    flush: Any,
+    warmup: int,
+    repeats: int,
+) -> list[float]:
+    """Event-timed eager calls of ``fn`` (µs each), cycling the input sets."""
+    torch = _torch()
+    n = len(input_sets)
+    for i in range(warmup):
+        fn(input_sets[i % n])
+    torch.cuda.synchronize(dev)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for i in range(repeats):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn(input_sets[i % n])
+        ends[i].record()
+    torch.cuda.synchronize(dev)
+    return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
+
+
+class GraphTimer:
+    """``fn`` captured in one CUDA graph per input set (``calls_per_graph`` back-to-back calls
+    each, cycling the sets), ready to be replayed and timed any number of times: capturing
+    costs far more host time than replaying, so profiling rounds capture once."""
+
+    def __init__(
+        self,
+        fn: Callable[[Sequence[Any]], Any],
+        input_sets: Sequence[Sequence[Any]],
+        dev: Any,
+        calls_per_graph: int = CALLS_PER_GRAPH,
+    ) -> None:
+        torch = _torch()
+        self.dev = dev
+        self.calls = max(1, calls_per_graph)
+        n = len(input_sets)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for s in input_sets:
+                fn(s)  # warm-up on a side stream, as torch requires before capture
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.synchronize(dev)
+        self.graphs = []
+        for j in range(n):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for c in range(self.calls):
+                    fn(input_sets[(j + c) % n])
+            self.graphs.append(g)
+
+    def times(self, flush: Any, warmup: int, repeats: int) -> list[float]:
+        """Per-call µs of ``repeats`` replays, L2 flushed before each replay (not between
+        the calls of one replay)."""
+        torch = _torch()
+        n = len(self.graphs)
+        for i in range(warmup):
+            self.graphs[i % n].replay()
+        torch.cuda.synchronize(self.dev)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        for i in range(repeats):
+            if flush is not None:
+                flush.zero_()
+            starts[i].record()
+            self.graphs[i % n].replay()
+            ends[i].record()
+        torch.cuda.synchronize(self.dev)
+        return [s.elapsed_time(e) * 1000.0 / self.calls for s, e in zip(starts, ends, strict=True)]
+
+
 def time_callable(
     fn: Callable[[Sequence[Any]], Any],
     input_sets: Sequence[Sequence[Any]],
@@ -390,61 +475,63 @@ def time_callable(
     one replay. Returns (launch times, graph replay times or None, graph error or None)."""
     torch = _torch()
     dev = input_sets[0][0].device if input_sets and input_sets[0] else torch.device("cuda")
-    flush = None
-    if flush_l2:
-        l2 = (
-            getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 * 2**20)
-            or 50 * 2**20
-        )
-        flush = torch.empty(2 * l2, dtype=torch.int8, device=dev)
-    n = len(input_sets)
-    for i in range(warmup):
-        fn(input_sets[i % n])
-    torch.cuda.synchronize(dev)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for i in range(repeats):
-        if flush is not None:
-            flush.zero_()
-        starts[i].record()
-        fn(input_sets[i % n])
-        ends[i].record()
-    torch.cuda.synchronize(dev)
-    launch = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
+    flush = _l2_flush_buffer(dev) if flush_l2 else None
+    launch = _launch_times(fn, input_sets, dev, flush, warmup, repeats)
     if not graph:
         return launch, None, None
     try:
-        graphs = []
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for s in input_sets:
-                fn(s)  # warm-up on a side stream, as torch requires before capture
-        torch.cuda.current_stream(dev).wait_stream(side)
-        torch.cuda.synchronize(dev)
-        per = max(1, calls_per_graph)
-        for j in range(n):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for c in range(per):
-                    fn(input_sets[(j + c) % n])
-            graphs.append(g)
-        for i in range(warmup):
-            graphs[i % n].replay()
-        torch.cuda.synchronize(dev)
-        for i in range(repeats):
-            if flush is not None:
-                flush.zero_()
-            starts[i].record()
-            graphs[i % n].replay()
-            ends[i].record()
-        torch.cuda.synchronize(dev)
-        replay = [s.elapsed_time(e) * 1000.0 / per for s, e in zip(starts, ends, strict=True)]
-        del graphs
-        return launch, replay, None
+        timer = GraphTimer(fn, input_sets, dev, calls_per_graph)
+        return launch, timer.times(flush, warmup, repeats), None
     except Exception as exc:  # report, never hide: the caller records graph_error
         torch.cuda.synchronize(dev)
         return launch, None, f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class _Timed:
+    """What the first profiling round of one launcher leaves for the later ones."""
+
+    repeats: int
+    launch: list[float]
+    timer: GraphTimer | None
+    graph_error: str | None
+
+
+class TimingSession:
+    """State that the profiling rounds of one ``superoptimize`` share (see
+    :meth:`CudaBackend.profiling_session`): the extra random input sets, drawn once for
+    every launcher with the same inputs; the L2 flush buffer; and per launcher its captured
+    graphs and fitted repeat count, so rounds after the first only replay. Dropping the
+    session frees the graphs and the input sets."""
+
+    def __init__(self) -> None:
+        self._sets: dict[tuple[Any, ...], list[list[Any]]] = {}
+        self._flush: dict[str, Any] = {}
+        self._timed: dict[tuple[Any, ...], tuple[Any, _Timed]] = {}
+
+    def input_sets(self, checked: list[Any], count: int) -> list[list[Any]]:
+        key = (_inputs_key(checked), count)
+        if key not in self._sets:
+            fresh = [_fresh_like(checked, 1000 + i) for i in range(count - 1)]
+            self._sets[key] = [checked, *fresh]
+        return self._sets[key]
+
+    def flush_buffer(self, dev: Any) -> Any:
+        if str(dev) not in self._flush:
+            self._flush[str(dev)] = _l2_flush_buffer(dev)
+        return self._flush[str(dev)]
+
+    def timed(self, launcher: Any, key: tuple[Any, ...]) -> _Timed | None:
+        hit = self._timed.get((id(launcher), key))
+        return hit[1] if hit is not None and hit[0] is launcher else None
+
+    def remember(self, launcher: Any, key: tuple[Any, ...], timed: _Timed) -> None:
+        # the launcher is held so that its id is not reused while the session lives
+        self._timed[(id(launcher), key)] = (launcher, timed)
+
+
+def _inputs_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple((t.data_ptr(), tuple(t.shape), str(t.dtype), str(t.device)) for t in tensors)
 
 
 def profile(
@@ -458,6 +545,7 @@ def profile(
     graph: bool = True,
     min_time_s: float | None = None,
     min_repeats: int = 3,
+    session: TimingSession | None = None,
     **_other: Any,
 ) -> ProfileResult:
     """Time ``launcher`` on ``inputs`` plus ``input_sets - 1`` fresh random input sets.
@@ -465,6 +553,9 @@ def profile(
     ``min_time_s`` bounds the timing work: a kernel whose warm-up shows that ``repeats``
     launches plus as many graph replays would take longer gets fewer repeats (never fewer
     than ``min_repeats``), so a slow candidate costs about as much time as a fast one.
+    With a ``session`` (profiling rounds), the first call per launcher captures its graphs
+    and fits the repeat count; later calls replay those graphs (the eager launch times are
+    the first call's).
     Options meant for other backends' profilers are accepted and ignored, so
     ``superoptimize(profile_options=...)`` works with any backend."""
     checked = check_inputs(list(inputs), launcher.input_specs, interpret=launcher.interpret)
@@ -489,19 +580,42 @@ def profile(
             "cpu (interpreter)",
         )
     torch = _torch()
-    sets = [checked] + [_fresh_like(checked, 1000 + i) for i in range(max(0, input_sets - 1))]
-    if min_time_s is not None and min_time_s > 0:
-        probe, _, _ = time_callable(
-            launcher.run_unchecked, sets, warmup=1, repeats=2, flush_l2=flush_l2, graph=False
-        )
-        # one repeat = a launch plus a replay of CALLS_PER_GRAPH calls
-        per_repeat_s = min(probe) * 1e-6 * (1 + CALLS_PER_GRAPH)
-        fit = int(min_time_s / max(per_repeat_s, 1e-9))
-        repeats = max(min(repeats, fit), max(1, min_repeats))
-        warmup = min(warmup, repeats)
-    launch, replay, gerr = time_callable(
-        launcher.run_unchecked, sets, warmup=warmup, repeats=repeats, flush_l2=flush_l2, graph=graph
-    )
+    dev = checked[0].device if checked else torch.device("cuda")
+    key = (_inputs_key(checked), input_sets, flush_l2, graph, min_time_s, min_repeats)
+    before = session.timed(launcher, key) if session is not None else None
+    flush = None
+    if flush_l2:
+        flush = session.flush_buffer(dev) if session is not None else _l2_flush_buffer(dev)
+    replay: list[float] | None = None
+    gerr: str | None = None
+    if before is not None and before.timer is not None:
+        # a later round: the graphs are captured and the repeat count fitted; replay only
+        repeats, warmup, launch = before.repeats, min(2, warmup), before.launch
+        replay = before.timer.times(flush, warmup, repeats)
+    else:
+        if session is not None:
+            sets = session.input_sets(checked, input_sets)
+        else:
+            sets = [checked] + [_fresh_like(checked, 1000 + i) for i in range(input_sets - 1)]
+        run = launcher.run_unchecked
+        if min_time_s is not None and min_time_s > 0:
+            probe = _launch_times(run, sets, dev, flush, 1, 2)
+            # one repeat = a launch plus a replay of CALLS_PER_GRAPH calls
+            per_repeat_s = min(probe) * 1e-6 * (1 + CALLS_PER_GRAPH)
+            fit = int(min_time_s / max(per_repeat_s, 1e-9))
+            repeats = max(min(repeats, fit), max(1, min_repeats))
+            warmup = min(warmup, repeats)
+        launch = _launch_times(run, sets, dev, flush, warmup, repeats)
+        timer = None
+        if graph:
+            try:
+                timer = GraphTimer(run, sets, dev)
+                replay = timer.times(flush, warmup, repeats)
+            except Exception as exc:  # report, never hide: recorded as graph_error
+                torch.cuda.synchronize(dev)
+                timer, gerr = None, f"{type(exc).__name__}: {exc}"
+        if session is not None:
+            session.remember(launcher, key, _Timed(repeats, launch, timer, gerr))
     lmed = statistics.median(launch)
     gmed = statistics.median(replay) if replay else None
     return ProfileResult(
@@ -512,7 +626,7 @@ def profile(
         graph_error=gerr,
         repeats=repeats,
         warmup=warmup,
-        input_sets=len(sets),
+        input_sets=max(1, input_sets),
         l2_flush=flush_l2,
         method="cuda events" + (" + cuda graph replay" if gmed is not None else ""),
         device=str(torch.cuda.get_device_name(checked[0].device) if checked else "cuda"),

@@ -7,6 +7,7 @@ See ARCHITECTURE.md §8 and docs/backends.md.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.metadata
 import json
@@ -222,6 +223,11 @@ class Backend(ABC):
         for ``inputs`` before their first runs, e.g. in parallel. The default does nothing:
         a backend whose ``load`` returns ready code needs no more."""
         del launchers, inputs
+
+    def profiling_session(self) -> contextlib.AbstractContextManager[Any]:
+        """Optional: a context that ``superoptimize``'s profiling rounds run in, for state
+        the rounds can share (e.g. captured CUDA graphs). The default shares nothing."""
+        return contextlib.nullcontext()
 
     def check_input_generator(self) -> str | None:
         """Optional: a name for the generator behind :meth:`draw_check_inputs` (the library,

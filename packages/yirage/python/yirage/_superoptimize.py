@@ -396,22 +396,23 @@ def superoptimize(
             "local stand-in (no communication)"
         )
     pruned: set[int] = set()
-    for turn in range(max(1, rounds)):
-        if turn >= PRUNE_AFTER_ROUNDS:
-            pruned |= _out_of_the_race(report, [p[1] for p in passing])
-        for _, index, _, _, launcher in passing:
-            cr = report.candidates[index]
-            if cr.status != "ok" or index in pruned:
-                continue
-            try:
-                with stand_in():
-                    us = _median_us(be.profile(launcher, timed, **popts))
-            except Exception as exc:
-                cr.status = "error"
-                cr.error = f"profiling failed: {type(exc).__name__}: {exc}"
-                continue
-            cr.measured_us = us if cr.measured_us is None else min(cr.measured_us, us)
-            spread.setdefault(index, []).append(us)
+    with be.profiling_session():
+        for turn in range(max(1, rounds)):
+            if turn >= PRUNE_AFTER_ROUNDS:
+                pruned |= _out_of_the_race(report, [p[1] for p in passing])
+            for _, index, _, _, launcher in passing:
+                cr = report.candidates[index]
+                if cr.status != "ok" or index in pruned:
+                    continue
+                try:
+                    with stand_in():
+                        us = _median_us(be.profile(launcher, timed, **popts))
+                except Exception as exc:
+                    cr.status = "error"
+                    cr.error = f"profiling failed: {type(exc).__name__}: {exc}"
+                    continue
+                cr.measured_us = us if cr.measured_us is None else min(cr.measured_us, us)
+                spread.setdefault(index, []).append(us)
     report.profile_s += time.perf_counter() - tp
     for _, index, _, _, launcher in passing:
         # backends with several code paths per plan (e.g. cuda: triton, triton_split, cuda)
