@@ -190,8 +190,8 @@ def write_markdown(results: Mapping[str, Any], run: Mapping[str, Any], path: Pat
         "",
         "| workload | yirage µs | eager µs | torch.compile µs | expert µs | roofline µs | "
         "yirage % of roofline | x vs compile | x vs eager | search s | codegen+compile s | "
-        "warm s | torch.compile s | max rel err | timing |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "cold s | warm s | torch.compile s | max rel err | timing |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         y = r["yirage_us"]
@@ -205,11 +205,12 @@ def write_markdown(results: Mapping[str, Any], run: Mapping[str, Any], path: Pat
             f"| {r['workload']} | {_cell(r, 'yirage')} | {_cell(r, 'eager')} | "
             f"{_cell(r, 'compile')} | {expert} | {_f(r['roofline_us'])} | {frac} | {vs_c} | "
             f"{vs_e} | {_f(r['search_s'], '.2f')} | {_f(r['codegen_compile_s'], '.2f')} | "
-            f"{_f(r['warm_s'], '.3f')} | {_f(r.get('torch_compile_s'), '.1f')} | "
+            f"{_f(r.get('yirage_cold_s'), '.2f')} | {_f(r['warm_s'], '.3f')} | "
+            f"{_f(r.get('torch_compile_s'), '.1f')} | "
             f"{_f(r['max_rel_err'], '.1e')} | {r['timing']} |"
         )
     if not rows:
-        out.append("| (no rows: see the notes) |" + " |" * 14)
+        out.append("| (no rows: see the notes) |" + " |" * 15)
     chosen = [
         f"- {r['workload']}: {r.get('yirage_chosen') or '?'}"
         for r in rows
