@@ -250,3 +250,35 @@ def _draw_checks(be: Any, device: str) -> None:
 def test_check_inputs_drawn_by_the_backend(interp: Any) -> None:
     _draw_checks(interp, "cpu")
     assert interp.check_input_generator().endswith(" on cpu")
+
+
+def test_cuda_cpp_variant_added_when_its_background_compile_is_needed() -> None:
+    """The C++ compile runs in the background (CudaBackend.compile): the kernel's ready
+    variants do not wait for it, ``variants`` does, and a failed compile becomes a note that
+    says why, not a missing variant without a reason."""
+    from concurrent.futures import Future
+
+    from yirage._errors import BackendError
+    from yirage_cuda._backend import CudaArtifact, CudaKernel
+
+    failed: Future[Any] = Future()
+    art = CudaArtifact(SimpleNamespace(), None, False, cuda_future=failed)  # type: ignore[arg-type]
+    added: list[str] = []
+
+    def add(k: CudaKernel) -> None:
+        if not failed.done():  # called too early: record it rather than block the test
+            added.append("waited before the compile finished")
+            return
+        art.wait_cuda()
+        added.append(art.cuda_error or "")
+        k.notes.append(f"CUDA C++ variant unavailable: {art.cuda_error}")
+
+    kernel = CudaKernel({"triton": SimpleNamespace()}, pending=add)  # type: ignore[dict-item]
+    assert set(kernel.built_variants) == {"triton"} and not added  # no waiting
+    assert kernel.active is kernel.built_variants["triton"]  # ready: no waiting either
+    assert not added
+    failed.set_exception(BackendError("nvrtc: error: identifier 'x' is undefined"))
+    assert set(kernel.variants) == {"triton"}
+    assert added == ["nvrtc: error: identifier 'x' is undefined"]
+    assert art.cuda_future is None and "undefined" in kernel.notes[-1]
+    assert set(kernel.variants) == {"triton"} and len(added) == 1  # resolved once
