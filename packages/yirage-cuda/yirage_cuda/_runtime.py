@@ -408,8 +408,8 @@ def _launch_times(
 
 class GraphTimer:
     """``fn`` captured in one CUDA graph per input set (``calls_per_graph`` back-to-back calls
-    each, cycling the sets), ready to be replayed and timed any number of times: capturing
-    costs far more host time than replaying, so profiling rounds capture once."""
+    each, cycling the sets), ready to be replayed and timed any number of times, so that
+    profiling rounds after the first neither capture nor launch eagerly again."""
 
     def __init__(
         self,
