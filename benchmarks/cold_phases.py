@@ -42,19 +42,13 @@ def _wrap_compile() -> None:
 
 
 def _wrap_backend() -> None:
-    for name in ("codegen", "compile", "load", "precompile", "profile", "_contenders", "_checked"):
-        method = getattr(_backend.CudaBackend, name)
-
-        def timed(self: Any, *args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return _m(self, *args, **kw)
-            finally:
-                _calls.setdefault(_n, []).append(time.perf_counter() - t0)
-
-        setattr(_backend.CudaBackend, name, timed)
-    # inside profile: eager timed launches, graph capture, graph replays, fresh input sets
+    """Time the backend's steps and, inside profile, the eager timed launches, graph capture,
+    graph replays and fresh input sets (a function's time is recorded under its label)."""
+    backend = [(_backend.CudaBackend, n, n) for n in ("codegen", "compile", "load")]
+    backend += [(_backend.CudaBackend, n, n) for n in ("precompile", "profile")]
+    backend += [(_backend.CudaBackend, n, n) for n in ("_contenders", "_checked")]
     for owner, name, label in (
+        *backend,
         (_runtime, "_launch_times", "launches"),
         (_runtime.GraphTimer, "__init__", "capture"),
         (_runtime.GraphTimer, "times", "replays"),
@@ -62,14 +56,14 @@ def _wrap_backend() -> None:
     ):
         fn = getattr(owner, name)
 
-        def timed_fn(*args: Any, _f: Any = fn, _n: str = label, **kw: Any) -> Any:
+        def timed(*args: Any, _f: Any = fn, _n: str = label, **kw: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return _f(*args, **kw)
             finally:
                 _calls.setdefault(_n, []).append(time.perf_counter() - t0)
 
-        setattr(owner, name, timed_fn)
+        setattr(owner, name, timed)
 
 
 def main() -> None:

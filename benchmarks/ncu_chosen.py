@@ -1,10 +1,12 @@
 """What limits the kernels yirage chooses: superoptimize each case (decision cache as set by
 YIRAGE_CACHE_DIR), then run the chosen kernel once inside a profiler range for Nsight Compute.
 
-    ncu --profile-from-start off --csv --metrics $(python benchmarks/ncu_chosen.py --metrics) \\
+    ncu --clock-control none --profile-from-start off --csv \\
+        --metrics $(python benchmarks/ncu_chosen.py --metrics) \\
         python benchmarks/ncu_chosen.py rmsnorm_linear:gpu_b16 qknorm_gqa:gpu
 
-ncu flushes the caches before each profiled kernel, so DRAM figures are for a cold L2.
+ncu flushes the caches before each profiled kernel, so DRAM figures are for a cold L2; without
+``--clock-control none`` it locks the clocks to base and the kernels run slower than in use.
 """
 
 from __future__ import annotations

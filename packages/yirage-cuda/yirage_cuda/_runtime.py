@@ -493,8 +493,7 @@ class _Timed:
 
     repeats: int
     launch: list[float]
-    timer: GraphTimer | None
-    graph_error: str | None
+    timer: GraphTimer
 
 
 class TimingSession:
@@ -507,13 +506,12 @@ class TimingSession:
     def __init__(self) -> None:
         self._sets: dict[tuple[Any, ...], list[list[Any]]] = {}
         self._flush: dict[str, Any] = {}
-        self._timed: dict[tuple[Any, ...], tuple[Any, _Timed]] = {}
+        self._timed: dict[tuple[Any, ...], _Timed] = {}
 
     def input_sets(self, checked: list[Any], count: int) -> list[list[Any]]:
         key = (_inputs_key(checked), count)
         if key not in self._sets:
-            fresh = [_fresh_like(checked, 1000 + i) for i in range(count - 1)]
-            self._sets[key] = [checked, *fresh]
+            self._sets[key] = _input_sets(checked, count)
         return self._sets[key]
 
     def flush_buffer(self, dev: Any) -> Any:
@@ -522,12 +520,15 @@ class TimingSession:
         return self._flush[str(dev)]
 
     def timed(self, launcher: Any, key: tuple[Any, ...]) -> _Timed | None:
-        hit = self._timed.get((id(launcher), key))
-        return hit[1] if hit is not None and hit[0] is launcher else None
+        return self._timed.get((launcher, key))  # launchers hash by identity
 
     def remember(self, launcher: Any, key: tuple[Any, ...], timed: _Timed) -> None:
-        # the launcher is held so that its id is not reused while the session lives
-        self._timed[(id(launcher), key)] = (launcher, timed)
+        self._timed[(launcher, key)] = timed
+
+
+def _input_sets(checked: list[Any], count: int) -> list[list[Any]]:
+    """``checked`` and ``count - 1`` fresh random sets like it (fixed seeds)."""
+    return [checked, *(_fresh_like(checked, 1000 + i) for i in range(count - 1))]
 
 
 def _inputs_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
@@ -588,15 +589,16 @@ def profile(
         flush = session.flush_buffer(dev) if session is not None else _l2_flush_buffer(dev)
     replay: list[float] | None = None
     gerr: str | None = None
-    if before is not None and before.timer is not None:
+    if before is not None:
         # a later round: the graphs are captured and the repeat count fitted; replay only
         repeats, warmup, launch = before.repeats, min(2, warmup), before.launch
         replay = before.timer.times(flush, warmup, repeats)
     else:
-        if session is not None:
-            sets = session.input_sets(checked, input_sets)
-        else:
-            sets = [checked] + [_fresh_like(checked, 1000 + i) for i in range(input_sets - 1)]
+        sets = (
+            session.input_sets(checked, input_sets)
+            if session is not None
+            else _input_sets(checked, input_sets)
+        )
         run = launcher.run_unchecked
         if min_time_s is not None and min_time_s > 0:
             probe = _launch_times(run, sets, dev, flush, 1, 2)
@@ -614,8 +616,8 @@ def profile(
             except Exception as exc:  # report, never hide: recorded as graph_error
                 torch.cuda.synchronize(dev)
                 timer, gerr = None, f"{type(exc).__name__}: {exc}"
-        if session is not None:
-            session.remember(launcher, key, _Timed(repeats, launch, timer, gerr))
+        if session is not None and timer is not None:  # without graphs: every round in full
+            session.remember(launcher, key, _Timed(repeats, launch, timer))
     lmed = statistics.median(launch)
     gmed = statistics.median(replay) if replay else None
     return ProfileResult(
