@@ -116,6 +116,29 @@ pub fn rules() -> Vec<Rewrite<Abs, Reduced>> {
     ]
 }
 
+/// Values of `avail` whose use sets [`TargetExprs::goal_classes`] tracks one by one.
+const MAX_TRACKED: usize = 6;
+
+/// A set of use sets: bit `m` set when some term reads exactly the values in bitmask `m`.
+type UseSets = u64;
+
+/// The use sets of a term with one child from each of two classes: all unions.
+fn combine(a: UseSets, b: UseSets) -> UseSets {
+    let mut out = 0;
+    let mut x = a;
+    while x != 0 {
+        let i = x.trailing_zeros();
+        x &= x - 1;
+        let mut y = b;
+        while y != 0 {
+            let j = y.trailing_zeros();
+            y &= y - 1;
+            out |= 1 << (i | j);
+        }
+    }
+    out
+}
+
 /// Abstract value of a tensor: an e-class of the saturated target e-graph, or (only when
 /// pruning is disabled) a hash-consed term the e-graph does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -371,39 +394,58 @@ impl TargetExprs {
     }
 
     /// The classes a program that computes a target output from values of the classes
-    /// `avail` (and constants) can ever hold, or `None` when no target output can be built
-    /// from them. A class is *derivable* when one of its e-nodes has derivable children
-    /// (input symbols `in<k>` only through `avail`); a program's every value is derivable,
-    /// and when all its values feed its outputs (the last op of a kernel graph), each lies
-    /// below a derivable target output through derivable e-nodes — the returned set.
+    /// `avail` (and constants) can ever hold, or `None` when no program can compute target
+    /// outputs reading every value of `avail`. A class is *derivable* when one of its e-nodes
+    /// has derivable children (input symbols `in<k>` only through `avail`); a program's every
+    /// value is derivable, and when all its values feed its outputs (the last op of a kernel
+    /// graph), each lies below a derivable target output through derivable e-nodes — the
+    /// returned set.
+    ///
+    /// Derivability is tracked per *use set*: which of `avail` a term of the class reads
+    /// (a set of bitmasks per class). A program reading all of `avail` has outputs whose use
+    /// sets cover `avail`, so when the outputs' use sets cannot, the whole block-level
+    /// enumeration for `avail` is skipped (most such enumerations found nothing after long
+    /// searches, e.g. QK-norm attention's `O` from `Q`, `Kᵀ`, `exp(S)` and partial numerators).
     pub fn goal_classes(&self, avail: &[AbsVal]) -> Option<std::collections::HashSet<Id>> {
-        use std::collections::HashSet;
+        use std::collections::{HashMap, HashSet};
         let eg = &self.egraph;
         let is_input = |s: &Symbol| {
             let t = s.as_str();
             t.len() > 2 && t.starts_with("in") && t[2..].bytes().all(|b| b.is_ascii_digit())
         };
-        let mut d: HashSet<Id> = avail
-            .iter()
-            .filter_map(|v| v.known())
-            .map(|i| eg.find(i))
-            .collect();
+        // Use sets as bitmasks over `avail`; a class's uses as a bitset over masks (so at most
+        // MAX_TRACKED values are tracked individually; with more, all share mask 0 and only
+        // derivability is checked).
+        let tracked = avail.len() <= MAX_TRACKED;
+        let mut uses: HashMap<Id, UseSets> = HashMap::new();
+        for (k, v) in avail.iter().enumerate() {
+            if let Some(i) = v.known() {
+                let mask = if tracked { 1usize << k } else { 0 };
+                *uses.entry(eg.find(i)).or_insert(0) |= 1 << mask;
+            }
+        }
         for c in eg.classes() {
             if c.nodes
                 .iter()
                 .any(|n| matches!(n, Abs::Sym(s) if !is_input(s)))
             {
-                d.insert(c.id);
+                *uses.entry(c.id).or_insert(0) |= 1;
             }
         }
-        let derivable = |n: &Abs, d: &HashSet<Id>| {
-            !matches!(n, Abs::Sym(_)) && n.children().iter().all(|ch| d.contains(&eg.find(*ch)))
-        };
         loop {
             let mut grown = false;
             for c in eg.classes() {
-                if !d.contains(&c.id) && c.nodes.iter().any(|n| derivable(n, &d)) {
-                    d.insert(c.id);
+                let mut add: UseSets = 0;
+                for n in c.nodes.iter().filter(|n| !matches!(n, Abs::Sym(_))) {
+                    let mut acc: UseSets = 1;
+                    for ch in n.children() {
+                        acc = combine(acc, uses.get(&eg.find(*ch)).copied().unwrap_or(0));
+                    }
+                    add |= acc;
+                }
+                let cur = uses.entry(c.id).or_insert(0);
+                if add & !*cur != 0 {
+                    *cur |= add;
                     grown = true;
                 }
             }
@@ -411,13 +453,31 @@ impl TargetExprs {
                 break;
             }
         }
-        let mut m: HashSet<Id> = HashSet::new();
-        let mut stack: Vec<Id> = self
+        let d: HashSet<Id> = uses
+            .iter()
+            .filter(|(_, &u)| u != 0)
+            .map(|(&c, _)| c)
+            .collect();
+        let derivable = |n: &Abs, d: &HashSet<Id>| {
+            !matches!(n, Abs::Sym(_)) && n.children().iter().all(|ch| d.contains(&eg.find(*ch)))
+        };
+        let outputs: Vec<Id> = self
             .outputs
             .iter()
             .copied()
             .filter(|o| d.contains(o))
             .collect();
+        if tracked {
+            let all = (1usize << avail.len()) - 1;
+            let covered = outputs
+                .iter()
+                .fold(1 as UseSets, |r, o| r | combine(r, uses[o]));
+            if covered & (1 << all) == 0 {
+                return None;
+            }
+        }
+        let mut m: HashSet<Id> = HashSet::new();
+        let mut stack = outputs;
         if stack.is_empty() {
             return None;
         }
@@ -488,6 +548,29 @@ mod tests {
         assert!(t.is_output(AbsVal::Known(id), 0));
         assert!(!contains(&t, "(sum (* in1 in2))"));
         assert!(!contains(&t, "(sum in2)"));
+    }
+
+    #[test]
+    fn goal_classes_need_every_value_used() {
+        let s = "(sum (* in0 in1))";
+        let e = format!("(exp {s})");
+        let num = format!("(sum (* {e} in2))");
+        let target = format!("(sum (* (/ {e} (sum {e})) in2))");
+        let t = TargetExprs::saturate(&[parse(&target)], 20_000, 20);
+        let class = |x: &str| AbsVal::Known(t.egraph.lookup_expr(&parse(x)).unwrap());
+        let (q, k, v) = (class("in0"), class("in1"), class("in2"));
+        let goals = t.goal_classes(&[q, k, v]).expect("the target itself");
+        assert!(goals.contains(&class(&num).known().unwrap()));
+        // O = num / sum(exp(Q·K)) reads each of these.
+        assert!(t.goal_classes(&[q, k, class(&num)]).is_some());
+        assert!(t
+            .goal_classes(&[class(&num), class(&format!("(sum {e})"))])
+            .is_some());
+        // Every output is derivable from these, but no term reads all of them: `exp(Q·K)`
+        // occurs once under O, either given or computed from Q and K.
+        assert!(t.goal_classes(&[q, k, class(&e), class(&num)]).is_none());
+        // No output at all without V or the numerator.
+        assert!(t.goal_classes(&[q, k]).is_none());
     }
 
     #[test]
