@@ -26,6 +26,7 @@ from yirage import _workloads
 from yirage._bench._timing import cuda_graph_median
 from yirage_cuda import CudaBackend
 from yirage_cuda._plan import parse_plan
+from yirage_cuda._runtime import profile
 from yirage_cuda._toolchain import device_info
 from yirage_cuda._triton_codegen import TritonOptions, loop_split
 
@@ -63,6 +64,12 @@ def main() -> None:
         default=["off"],
         help="print a normalised dot operand raw and scale the product (on, the backend's "
         "*_scaled variants), or as a quotient (off)",
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="also time each printing as superoptimize's profiler does (rotated input sets, "
+        "L2 flushed)",
     )
     args = ap.parse_args()
 
@@ -113,7 +120,11 @@ def main() -> None:
                     kern = be.load(be.compile(be.codegen(printed)))
                     err = _rel_err(kern(*xs), refs)
                     t = cuda_graph_median(lambda kern=kern: kern.run_unchecked(xs))
-                    print(f"    {what}: {t.median_us:8.1f} µs  rel err {err:.1e}")
+                    cold = ""
+                    if args.cold:
+                        c = profile(kern.built_variants["triton"], xs)
+                        cold = f"  cold {c.median_us:8.1f} µs"
+                    print(f"    {what}: {t.median_us:8.1f} µs{cold}  rel err {err:.1e}")
                 except Exception as exc:  # diagnostics: report and go on
                     print(f"    {what}: {type(exc).__name__}: {exc}")
 

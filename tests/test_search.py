@@ -29,6 +29,7 @@ from _search_graphs import (
 )
 
 import yirage as yr
+from yirage import _workloads
 from yirage._search import SearchReport, SearchResult
 
 
@@ -81,6 +82,24 @@ def test_lora_is_one_kernel() -> None:
     assert len(k["inputs"]) == 4
     assert len(ops_of(k, "matmul")) == 3
     check_numerics(g, best.graph)
+
+
+@pytest.mark.parametrize("preset", ["gpu", "gpu_b1"])
+def test_lora_h100_profiles_both_placements_of_the_b_matmul(preset: str) -> None:
+    """Fully fused LoRA multiplies by B in the loop or once after it; the model ranks the
+    latter first, while on the H100 both tie with a cold L2 and the in-loop form runs faster
+    with W in L2, so the top 4 hold both. (At b16 the in-loop form had been crowded out by
+    split-K groups of the same program, at b1 by the tilings of the after-loop form.)"""
+    g = _workloads.get_workload("lora").graph(preset)
+    res = _run(g, spec=H100, top_k=4, config="lora")
+    placements = set()
+    for c in res.candidates:
+        gen = generated(plan_of(c))
+        if c.baseline or len(plan_of(c)["kernels"]) != 1 or len(gen) != 1:
+            continue
+        phases = sorted(o["phase"] for o in ops_of(gen[0], "matmul"))
+        placements.add("after" if "epilogue" in phases else "loop")
+    assert placements == {"after", "loop"}
 
 
 def _split_kv(candidates: list[Any]) -> list[Any]:

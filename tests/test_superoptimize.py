@@ -263,6 +263,63 @@ def test_candidates_far_behind_stop_being_profiled(monkeypatch: pytest.MonkeyPat
     assert not any("noisy" in n for n in k.report.notes)
 
 
+@pytest.mark.parametrize("warm", [(50.0, 40.0), (40.0, 50.0), None])
+def test_cold_ties_are_broken_by_the_warm_time(
+    monkeypatch: pytest.MonkeyPatch, warm: tuple[float, float] | None
+) -> None:
+    """Candidates whose profiled (cold-cache) times are within COLD_TIE_RATIO of the best go
+    to the one the backend's ``warm_time_us`` finds fastest, with a note when that changes
+    the pick; a backend without warm timing (None) keeps the cold order."""
+    from yirage_cpu._backend import CpuBackend
+    from yirage_cpu._runtime import ProfileResult
+
+    order: list[int] = []  # launchers by first profile call: candidate 0, then 1
+
+    def cold(self: CpuBackend, launcher: Any, inputs: Any = None, **kw: Any) -> ProfileResult:
+        if id(launcher) not in order:
+            order.append(id(launcher))
+        t = 100.0 if order.index(id(launcher)) == 0 else 100.0 * _superoptimize.COLD_TIE_RATIO
+        return ProfileResult(t, t, t, 30, 3)
+
+    def warm_time(self: CpuBackend, launcher: Any, inputs: Any) -> float | None:
+        return None if warm is None else warm[order.index(id(launcher))]
+
+    monkeypatch.setattr(CpuBackend, "profile", cold)
+    monkeypatch.setattr(CpuBackend, "warm_time_us", warm_time)
+    _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
+    k = superoptimize(_rms_graph(), backend="cpu")
+    switched = warm is not None and warm[1] < warm[0]
+    assert k.report.chosen_index == (1 if switched else 0)
+    notes = [n for n in k.report.notes if "with a cold cache" in n]
+    assert len(notes) == int(switched)
+    if switched:
+        assert "candidate 1 was chosen" in notes[0] and "40.0 µs against 50.0 µs" in notes[0]
+
+
+def test_no_warm_tie_break_beyond_the_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
+    from yirage_cpu._backend import CpuBackend
+    from yirage_cpu._runtime import ProfileResult
+
+    order: list[int] = []
+    asked: list[int] = []
+
+    def cold(self: CpuBackend, launcher: Any, inputs: Any = None, **kw: Any) -> ProfileResult:
+        if id(launcher) not in order:
+            order.append(id(launcher))
+        t = 100.0 if order.index(id(launcher)) == 0 else 101.0 * _superoptimize.COLD_TIE_RATIO
+        return ProfileResult(t, t, t, 30, 3)
+
+    def warm_time(self: CpuBackend, launcher: Any, inputs: Any) -> float:
+        asked.append(id(launcher))
+        return 1.0
+
+    monkeypatch.setattr(CpuBackend, "profile", cold)
+    monkeypatch.setattr(CpuBackend, "warm_time_us", warm_time)
+    _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
+    k = superoptimize(_rms_graph(), backend="cpu")
+    assert k.report.chosen_index == 0 and not asked
+
+
 def test_library_baseline_winner_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_search(monkeypatch, [_baseline_plan()])
     k = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)

@@ -233,6 +233,43 @@ def test_profile_drops_variants_far_behind(interp: Any, monkeypatch: pytest.Monk
     assert kernel.variant == "triton" and kernel.timings["triton_split"] == 30.0
 
 
+def test_profile_breaks_cold_ties_by_the_warm_time(
+    interp: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Variants whose best cold medians are within COLD_TIE_RATIO of the best one are
+    ordered by their replay time with the inputs in L2, measured once per variant; a variant
+    further behind is never warm-timed, and ``warm_time_us`` reports the chosen variant's."""
+    from yirage_cuda import _backend
+    from yirage_cuda._backend import CudaKernel
+    from yirage_cuda._runtime import ProfileResult
+
+    cold = {"triton": 19.9, "triton_split": 19.5, "triton_split_half": 19.0, "triton_deep": 25.0}
+    warm = {"triton": 12.0, "triton_split": 10.0, "triton_split_half": 14.0, "triton_deep": 1.0}
+    warmed: list[str] = []
+
+    def fake_profile(launcher: Any, inputs: Any, **kw: Any) -> ProfileResult:
+        t = cold[launcher.name]
+        return ProfileResult(t, t, t, t, None, 1, 0, 1, False, "cudagraph", "fake")
+
+    def fake_warm(launcher: Any, inputs: Any) -> float:
+        warmed.append(launcher.name)
+        return warm[launcher.name]
+
+    monkeypatch.setattr(_backend, "profile", fake_profile)
+    monkeypatch.setattr(_backend, "warm_median_us", fake_warm)
+    launchers = {n: SimpleNamespace(name=n, interpret=False, plan=None) for n in cold}
+    kernel = CudaKernel(launchers)  # type: ignore[arg-type]
+    kernel.contenders = list(cold)
+    for _ in range(2):
+        r = interp.profile(kernel, inputs=[])
+        assert kernel.variant == "triton_split" and r.median_us == 19.5
+    assert sorted(warmed) == ["triton", "triton_split", "triton_split_half"]
+    assert interp.warm_time_us(kernel, []) == 10.0 and len(warmed) == 3
+    for launcher in launchers.values():
+        launcher.interpret = True  # the interpreter's wall-clock times break no ties
+    assert interp.warm_time_us(kernel, []) is None
+
+
 def _draw_checks(be: Any, device: str) -> None:
     """Shared by the interpreter and GPU tests: the backend's check-input draws."""
     specs = [((64, 96), "float16", 0.125, 11), ((3, 5), "float32", 1.0, 12)]

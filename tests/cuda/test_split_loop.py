@@ -194,9 +194,10 @@ def test_warmup_compiles_without_running() -> None:
         assert "attn.warmup(" in warm and ("attn_combine.warmup(" in warm) is not last_block
 
 
-def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:
+def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
     """On a GPU (codegen needs none) an under-filled kernel is printed split as
-    ``loop_split`` says, split half as many ways, and with deeper pipelines except for
+    ``loop_split`` says, split half as many ways (and a quarter where that still leaves at
+    most an eighth of the SMs idle), and with deeper pipelines except for
     attention (safe-softmax) plans; printings that come out identical are kept once (a plan
     without a normalised dot operand gets no scaled printing). The interpreter prints only
     the split."""
@@ -212,6 +213,20 @@ def test_gpu_codegen_prints_split_half_and_deep_variants() -> None:
     assert tables["triton_split_half"]["gated_mlp"]["split"] == 8
     assert tables["triton_deep"]["gated_mlp"]["num_stages"] == DEEP_STAGES
     assert len({v.text for v in src.triton_variants.values()} | {src.triton.text}) == 5
+    # 64 blocks split 8 ways; a quarter of that, 128 blocks, still fills 128 of the 132 SMs
+    wide = plans.gated_mlp(b=8, h=4096, n=4096, tn=64, tk=16, dtype="float16")
+    src = CudaBackend(cuda_cpp=False).codegen(wide.plan)
+    splits = {
+        n: _kernels_table(v.text)["gated_mlp"].get("split") for n, v in src.triton_variants.items()
+    }
+    assert [splits[n] for n in ("triton_split", "triton_split_half", "triton_split_quarter")] == [
+        8,
+        4,
+        2,
+    ]
+    assert (
+        "triton_split_quarter" not in CudaBackend(interpret=True).codegen(wide.plan).triton_variants
+    )
 
     attn = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=32, dtype="float16")
     src = CudaBackend(cuda_cpp=False).codegen(attn.plan)

@@ -43,6 +43,9 @@
 //!   pipelined: GQA decode loading a 128 KB V tile after a loop over the head dim ran
 //!   85–99 µs where the bytes predict 51); a loop with one stage whose tile leaves one
 //!   block per unit stages every tile in registers, matmul operands included;
+//! * **wide accumulators**: above [`GPU_ACCUM_BYTES_MAX`] of fp32 accumulators per block
+//!   (rows padded to [`GPU_DOT_MIN_ROWS`] as the printers pad dots) the registers spill;
+//!   bandwidth scales by `max / accumulator bytes`;
 //! * **per-iteration latency**: every iteration costs [`GPU_ITER_US`] (barrier, address
 //!   math, pipeline bookkeeping) plus [`GPU_COMPUTED_OPERAND_US`] per matmul whose operand
 //!   is computed in the loop, overlapping only across resident blocks:
@@ -98,6 +101,14 @@ pub const GPU_TILE_BYTES_MAX: f64 = 32.0 * 1024.0;
 /// decode with 32-wide kv tiles took 1.3 µs per iteration alone on a unit, against 0.3 µs
 /// for the bytes it streams; 128-wide tiles (4x fewer iterations) ran 1.9x faster split.
 pub const GPU_COMPUTED_OPERAND_US: f64 = 0.5;
+/// GPU: fp32 accumulator bytes per block above which they spill out of registers. On the
+/// H100, fused LoRA at batch 1 accumulating 512 output columns per block (32 KB with the
+/// row padding) ran 45-58 µs and 1024 columns 550 µs, against 17.7 µs for 256 columns (16
+/// KB), where the model had put all three within 2 %.
+pub const GPU_ACCUM_BYTES_MAX: f64 = 16.0 * 1024.0;
+/// GPU: rows a tile matmul is padded to by the code generators (Triton's `tl.dot` needs
+/// 16), which the accumulators of skinny matmuls occupy in registers.
+pub const GPU_DOT_MIN_ROWS: usize = 16;
 /// GPU: most blocks of one kernel resident on a unit at once.
 pub const GPU_MAX_RESIDENT: u64 = 4;
 /// GPU: contiguous bytes per tile row below which loads waste DRAM bursts (on the H100,
@@ -340,6 +351,9 @@ pub struct KernelProfile {
     /// in the loop (attention's P·V) or converted from fp32 for 16-bit matrix units: see
     /// [`GPU_COMPUTED_OPERAND_US`].
     pub computed_operand_matmuls: u32,
+    /// Bytes of the block's fp32 accumulators, rows padded to [`GPU_DOT_MIN_ROWS`] (see
+    /// [`GPU_ACCUM_BYTES_MAX`]).
+    pub accum_bytes: f64,
 }
 
 /// Predicted time of one kernel, with its parts (µs).
@@ -495,6 +509,7 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
                 .fold(0.0, f64::max);
             u *= (GPU_TILE_BYTES_MAX / once.max(1.0)).min(1.0);
         }
+        u *= (GPU_ACCUM_BYTES_MAX / p.accum_bytes.max(1.0)).min(1.0);
         mem_util = u.max(1e-6);
         // a loop whose tiles cannot be double-buffered waits for each tile's load
         let unbuffered = if f > 1 && fit < 2.0 {
@@ -655,6 +670,34 @@ mod tests {
         // the same bytes as one tile per block, loaded once: 8 x 64 KB in registers
         let once = kernel_cost_split(&spec, &kernel(false, true), 1).memory_us;
         assert!((once / streamed - 8.0 * 65536.0 / GPU_TILE_BYTES_MAX).abs() < 1e-9);
+    }
+
+    #[test]
+    fn wide_accumulators_cut_bandwidth() {
+        let spec = DeviceSpec::h100();
+        // LoRA at b1 split 16 ways: 8 blocks of 512 output columns or 16 of 256
+        let kernel = |blocks: u64, accum_bytes| KernelProfile {
+            blocks,
+            forloop: 128,
+            reads: vec![ReadProfile {
+                unique_bytes: 32.0 * 1024.0 * 1024.0,
+                total_bytes: 32.0 * 1024.0 * 1024.0,
+                run_bytes: 1024.0,
+                staged: false,
+                once: false,
+            }],
+            low_precision: true,
+            accum_bytes,
+            ..Default::default()
+        };
+        let mem = |blocks, acc| kernel_cost_split(&spec, &kernel(blocks, acc), 16).memory_us;
+        // up to the cap the accumulators cost nothing; beyond it bandwidth falls with them
+        assert_eq!(mem(8, 0.0), mem(8, GPU_ACCUM_BYTES_MAX));
+        assert!((mem(8, 2.0 * GPU_ACCUM_BYTES_MAX) / mem(8, 0.0) - 2.0).abs() < 1e-9);
+        // 512 columns x 16 padded rows of fp32 lose to 256 columns for the same bytes
+        let wide = kernel_cost(&spec, &kernel(8, 16.0 * 512.0 * 4.0)).total_us;
+        let narrow = kernel_cost(&spec, &kernel(16, 16.0 * 256.0 * 4.0)).total_us;
+        assert!(wide > 1.5 * narrow, "{wide} vs {narrow}");
     }
 
     #[test]

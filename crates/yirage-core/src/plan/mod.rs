@@ -332,6 +332,22 @@ pub fn smem_bytes(bg: &BlockGraph) -> u64 {
     smem_of(&tile_descs(bg, &in_bytes), &outs)
 }
 
+/// Elements of a tile with its rows (second-to-last dim) padded as the GPU printers pad
+/// tile matmuls (see [`crate::cost::GPU_DOT_MIN_ROWS`]).
+fn dot_padded_numel(dims: &[usize]) -> usize {
+    let r = dims.len();
+    dims.iter()
+        .enumerate()
+        .map(|(i, &d)| {
+            if r >= 2 && i == r - 2 {
+                d.max(crate::cost::GPU_DOT_MIN_ROWS)
+            } else {
+                d
+            }
+        })
+        .product()
+}
+
 /// Cost-model profile of a block program from its tile descriptions: `blocks` blocks,
 /// `forloop` iterations, `out_bytes` = bytes written per output (whole kernel).
 pub fn profile_of(
@@ -387,6 +403,9 @@ pub fn profile_of(
                 p.other_flops += weight * numel(&t.dims) as f64 * reps
             }
             TileKind::Reduce { .. } | TileKind::RmsNorm => {
+                if t.kind == (TileKind::Reduce { accumulator: true }) {
+                    p.accum_bytes += dot_padded_numel(&t.dims) as f64 * INTERMEDIATE_BYTES as f64;
+                }
                 let x = t.operands.first().and_then(|&x| tiles.get(x));
                 let n = x.map_or(0, |x| numel(&x.dims));
                 let w = if t.kind == TileKind::RmsNorm {
@@ -1053,6 +1072,9 @@ mod tests {
         assert_eq!(p.computed_operand_matmuls, 1);
         assert!(p.reads.iter().all(|r| !r.staged));
         assert_eq!(attention(2).computed_operand_matmuls, 2);
+        // the fp32 accumulator of a block's heads, its 4 query rows padded to 16 as dots are
+        assert_eq!(p.accum_bytes, (16 * 64 * 4) as f64);
+        assert_eq!(attention(2).accum_bytes, (2 * 16 * 64 * 4) as f64);
         // P · V with P loaded: converted in registers when P is an fp32 intermediate
         let mut pv = BlockGraph::new([4, 1, 1], [128, 1, 1], 8, 1).unwrap();
         let pt = pv

@@ -103,7 +103,7 @@ pub struct Skeleton {
     pub outputs: Vec<usize>,
 }
 
-/// Output-dims groups kept per abstract program.
+/// Groups with partial-sum outputs kept per abstract program (see `keep_groups`).
 pub const MAX_GROUPS: usize = 4;
 
 type MemoKey = (
@@ -160,20 +160,36 @@ fn programs_for(
                 groups.into_iter().map(Arc::new).collect::<Vec<_>>(),
             )
         })
+        .map(|(p, g)| (p, keep_groups(g, last)))
         .filter(|(_, g)| !g.is_empty())
-        .map(|(p, mut g)| {
-            // Keep the groups with the cheapest kernels (one group per split count of a
-            // partial output: a handful of split counts is enough to choose from).
-            g.sort_by(|a, b| a.concretes[0].cost_us.total_cmp(&b.concretes[0].cost_us));
-            g.truncate(MAX_GROUPS);
-            (p, g)
-        })
         .collect();
     let v = Arc::new(v);
     if let Ok(mut m) = memo.map.lock() {
         m.entry(key).or_insert_with(|| v.clone());
     }
     v
+}
+
+/// The groups of one abstract program worth offering to the kernel level: every group whose
+/// outputs are complete tensors, and the cheapest of those with partial sums (one group per
+/// split count: a handful is enough to choose from). Partial sums need a later op to add
+/// them up, so they are dropped for the kernel graph's last op, and they never crowd out a
+/// complete group: their block-level cost leaves out that later op (LoRA at b16 lost its
+/// fully fused kernel, 9.8 µs on the H100, to four split-K groups that way).
+fn keep_groups(mut groups: Vec<Arc<Group>>, last: bool) -> Vec<Arc<Group>> {
+    groups.sort_by(|a, b| a.concretes[0].cost_us.total_cmp(&b.concretes[0].cost_us));
+    let (complete, partial): (Vec<_>, Vec<_>) = groups
+        .into_iter()
+        .partition(|g| g.outs.iter().all(|(_, chunks)| chunks.is_none()));
+    let room = if last {
+        0
+    } else {
+        MAX_GROUPS.saturating_sub(complete.len())
+    };
+    complete
+        .into_iter()
+        .chain(partial.into_iter().take(room))
+        .collect()
 }
 
 #[derive(Clone)]

@@ -57,6 +57,12 @@ pub const PER_STRUCTURE: usize = 2;
 /// time (on the H100 the fused RMSNorm + Linear profiled at 21.3–28.1 µs over four K tiles
 /// and grids the model put within 4 % of each other), so the device profiles more of them.
 pub const PER_LEADING_STRUCTURE: usize = 4;
+/// When another structure's best estimate is within this factor of the best one's, the
+/// leading structure leaves it one of the top-k: the model cannot order such structures. On
+/// the H100, fused LoRA accumulating X·A and multiplying by B after the loop was predicted
+/// 7-9 % below multiplying by B in the loop; both ran 19.3-19.5 µs with a cold L2 at b16,
+/// and 14.9 against 11.2 µs with W in L2; at b1 the leader's tilings had filled the top-k.
+pub const RUNNER_UP_RATIO: f64 = 1.10;
 /// The last of the top-k goes to the best candidate with the fewest kernels when its
 /// estimate is within this factor of the best one's and no such candidate is in yet: the
 /// model errs most between structures of different kernel counts (on the H100, GQA decode
@@ -895,6 +901,15 @@ fn search_in_pool(
         .filter(|r| r.est_us <= FEWEST_KERNELS_RATIO * best_est)
         .map(|r| skeletons[r.skel].ops.len())
         .min();
+    let runner_up = reals
+        .iter()
+        .take_while(|r| r.est_us <= RUNNER_UP_RATIO * best_est)
+        .any(|r| reals.first().is_some_and(|b| b.skel != r.skel));
+    let leading_cap = if runner_up {
+        PER_LEADING_STRUCTURE.min(cfg.top_k.saturating_sub(1).max(1))
+    } else {
+        PER_LEADING_STRUCTURE
+    };
     let mut verified_kernels: Vec<usize> = vec![];
     let mut second = false;
     let mut queue = order.clone();
@@ -919,7 +934,7 @@ fn search_in_pool(
         let held_back = |i: usize| {
             let skel = reals[i].skel;
             let cap = if leader == Some(skel) {
-                PER_LEADING_STRUCTURE
+                leading_cap
             } else {
                 PER_STRUCTURE
             };

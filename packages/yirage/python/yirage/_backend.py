@@ -224,6 +224,14 @@ class Backend(ABC):
         a backend whose ``load`` returns ready code needs no more."""
         del launchers, inputs
 
+    def warm_time_us(self, launcher: Any, inputs: Any) -> float | None:
+        """Optional: the launcher's time with its inputs already in cache (one input set,
+        nothing flushed), for a profiler whose :meth:`profile` times cold caches. It breaks
+        ties between candidates whose cold times are within ``COLD_TIE_RATIO`` of each
+        other. The default (None) leaves the cold times alone."""
+        del launcher, inputs
+        return None
+
     def profiling_session(self) -> contextlib.AbstractContextManager[Any]:
         """Optional: a context that ``superoptimize``'s profiling rounds run in, for state
         the rounds can share (e.g. captured CUDA graphs). The default shares nothing."""
