@@ -75,7 +75,8 @@ def main() -> None:
 
     w = _workloads.get_workload(args.workload)
     g = w.graph(args.preset)
-    sms = device_info().sm_count
+    info = device_info()
+    sms, smem = info.sm_count, info.smem_per_block_optin
     k = args.search if args.match else args.top
     res = yr.search(g, backend="cuda", config=w.search_config, top_k=k, cache=False)
     chosen_cands = [
@@ -105,7 +106,10 @@ def main() -> None:
                 args.stages, args.warps, args.scale_after_dot
             ):
                 opts = TritonOptions(
-                    split_loop=chosen, num_stages=stages or None, scale_after_dot=sad == "on"
+                    split_loop=chosen,
+                    num_stages=stages or None,
+                    scale_after_dot=sad == "on",
+                    smem_limit=smem,  # the stage counts the backend prints
                 )
                 be = CudaBackend(cuda_cpp=False, triton_options=dataclasses.replace(opts))
                 printed = copy.deepcopy(plan)

@@ -458,7 +458,10 @@ def superoptimize(
 
 
 def _break_cold_ties(
-    be: Backend, passing: list[tuple[float, int, Any, Any, Any]], inputs: Any, report: Any
+    be: Backend,
+    passing: list[tuple[float, int, Any, Any, Any]],
+    inputs: Any,
+    report: SuperoptimizeReport,
 ) -> list[tuple[float, int, Any, Any, Any]]:
     """``passing`` (sorted by cold time) with the candidate fastest warm first among those
     tied with the best cold (see ``COLD_TIE_RATIO``); unchanged if the backend has no warm
