@@ -202,7 +202,7 @@ def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
     without a normalised dot operand gets no scaled printing). The interpreter prints only
     the split."""
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import DEEP_STAGES, MAX_SPLIT
+    from yirage_cuda._triton_codegen import DEEP_STAGES, DEFAULT_STAGES, MAX_SPLIT
 
     mlp = plans.gated_mlp(b=8, h=4096, n=4096, tn=512, tk=16, dtype="float16")
     src = CudaBackend(cuda_cpp=False).codegen(mlp.plan)
@@ -224,6 +224,10 @@ def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
         4,
         2,
     ]
+    # one block per SM: the quarter keeps the default pipeline depth whatever the plan's
+    # shared-memory estimate allows (the runtime lowers it if Triton's buffers do not fit)
+    quarter = _kernels_table(src.triton_variants["triton_split_quarter"].text)["gated_mlp"]
+    assert quarter["num_stages"] == DEFAULT_STAGES
     assert (
         "triton_split_quarter" not in CudaBackend(interpret=True).codegen(wide.plan).triton_variants
     )

@@ -55,6 +55,7 @@ from yirage_cuda._runtime import (
 from yirage_cuda._triton_codegen import (
     CODEGEN_VERSION,
     DEEP_STAGES,
+    DEFAULT_STAGES,
     TritonOptions,
     TritonSource,
     generate_triton,
@@ -374,9 +375,12 @@ class CudaBackend(Backend):
             if half and not self.interpret:
                 printings["triton_split_half"] = dataclasses.replace(topts, split_loop=half)
             # and a quarter, where that still leaves at most an eighth of the SMs idle: a
-            # kernel whose stage buffers fit one block per SM runs the bigger grids in waves
-            # (fused LoRA at b16, 64 blocks, ran 9.9 µs split 2 ways against 12.1 split 4 and
-            # 16.5 split 8 on the H100; 17.1 / 19.8 / 23.3 µs with a cold L2)
+            # kernel whose stage buffers fit one block per SM runs the bigger grids in waves.
+            # One block per SM, it gets the full default pipeline, not the plan's shared-memory
+            # estimate (which overstates Triton's buffers; the runtime lowers the depth if they
+            # do not fit): fused LoRA at b16, 64 blocks, ran 9.8 µs split 2 ways with 3 stages
+            # on the H100 against 13.0 with the 2 the estimate allows, and 12.0 split 4 ways
+            # (17.0 / 19.8 / 19.7 µs with a cold L2)
             grids = {k.name: k.grid[0] * k.grid[1] * k.grid[2] for k in p.generated}
             sms = self._sm_count()
             quarter = tuple(
@@ -385,7 +389,9 @@ class CudaBackend(Backend):
                 if n >= 8 and 8 * grids[name] * (n // 4) >= 7 * sms
             )
             if quarter and not self.interpret:
-                printings["triton_split_quarter"] = dataclasses.replace(topts, split_loop=quarter)
+                printings["triton_split_quarter"] = dataclasses.replace(
+                    topts, split_loop=quarter, num_stages=topts.num_stages or DEFAULT_STAGES
+                )
         # deeper pipelines (not in the interpreter, which ignores the stage count), except for
         # safe-softmax (attention) plans: on the H100 their deep printings never won and took
         # two of the five Triton compiles of each candidate (cold GQA decode spent 10 s
