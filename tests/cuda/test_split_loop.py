@@ -197,7 +197,7 @@ def test_warmup_compiles_without_running() -> None:
 def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
     """On a GPU (codegen needs none) an under-filled kernel is printed split as
     ``loop_split`` says, split half as many ways (and a quarter where that still leaves at
-    most an eighth of the SMs idle), and with deeper pipelines except for
+    most an eighth of the SMs idle), and with deeper pipelines, the last two except for
     attention (safe-softmax) plans; printings that come out identical are kept once (a plan
     without a normalised dot operand gets no scaled printing). The interpreter prints only
     the split."""
@@ -235,16 +235,15 @@ def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
     attn = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=32, dtype="float16")
     src = CudaBackend(cuda_cpp=False).codegen(attn.plan)
     tables = {n: _kernels_table(v.text) for n, v in src.triton_variants.items()}
-    assert set(tables) == {"triton_split", "triton_split_half"}
+    assert set(tables) == {"triton_split"}
     assert tables["triton_split"]["attn"]["split"] == 16  # 16 blocks, capped
-    assert tables["triton_split_half"]["attn"]["split"] == 8
     interp = CudaBackend(interpret=True, cuda_cpp=False).codegen(attn.plan)
     assert set(interp.triton_variants) == {"triton_split"}
 
     # qknorm's normalised K tile: the split printing also multiplies it raw (its own variant)
     qk = plans.gqa_decode(bb=16, group=4, d=128, kv_len=4096, splits=1, tl=64, qk_norm=True)
     src = CudaBackend(cuda_cpp=False).codegen(qk.plan)
-    assert set(src.triton_variants) == {"triton_split", "triton_split_half", "triton_split_scaled"}
+    assert set(src.triton_variants) == {"triton_split", "triton_split_scaled"}
     scaled = src.triton_variants["triton_split_scaled"]
     assert scaled.options.scale_after_dot and scaled.options.split_loop
     assert not src.triton_variants["triton_split"].options.scale_after_dot

@@ -366,13 +366,18 @@ class CudaBackend(Backend):
             if (s := loop_split(k, self._sm_count())) > 1 and not topts.split_loop
         )
         printings: dict[str, TritonOptions] = {}
+        attention = any(k.safe_softmax for k in p.generated)
         if splits:
             printings["triton_split"] = dataclasses.replace(topts, split_loop=splits)
-            # half the split too: bigger kernels fill the SMs with fewer parts (GQA decode at
-            # kv 16384 ran 60 µs split 16 ways against 66.5 µs split 32 ways on the H100); not
-            # in the interpreter, whose wall-clock times cannot choose a split
+            # half the split too: bigger kernels fill the SMs with fewer parts (the fused
+            # gated MLP, RMSNorm + Linear); not in the interpreter, whose wall-clock times
+            # cannot choose a split, nor for safe-softmax (attention) plans, whose split is
+            # capped at MAX_SPLIT: on the H100 their half split lost in every run (GQA decode
+            # kv 4096 20.1-20.3 µs against 17.6-17.7, kv 16384 55.8-55.9 against 51.5-51.6,
+            # qknorm_gqa 25.9-26.1 against 21.1-22.8) and cost qknorm_gqa's cold call a fifth
+            # of its Triton compiles
             half = tuple((name, n // 2) for name, n in splits if n >= 4)
-            if half and not self.interpret:
+            if half and not self.interpret and not attention:
                 printings["triton_split_half"] = dataclasses.replace(topts, split_loop=half)
             # and a quarter, where that still leaves at most an eighth of the SMs idle: a
             # kernel whose stage buffers fit one block per SM runs the bigger grids in waves.
@@ -396,7 +401,6 @@ class CudaBackend(Backend):
         # safe-softmax (attention) plans: on the H100 their deep printings never won and took
         # two of the five Triton compiles of each candidate (cold GQA decode spent 10 s
         # compiling)
-        attention = any(k.safe_softmax for k in p.generated)
         if (
             not self.interpret
             and not attention
