@@ -38,7 +38,7 @@ from typing import Any
 from yirage import Backend, DeviceSpec, ProbeResult, VerificationLevel, _cache
 from yirage._errors import BackendError
 from yirage._logging import get_logger
-from yirage._superoptimize import COLD_TIE_RATIO, PRUNE_AFTER_ROUNDS, PRUNE_RATIO
+from yirage._superoptimize import PRUNE_AFTER_ROUNDS, PRUNE_RATIO, pick_cold_tie
 from yirage_cuda import _device_spec, _probe, _toolchain, _verification
 from yirage_cuda._cuda_codegen import CudaCppOptions, CudaCppSource, generate_cuda
 from yirage_cuda._plan import Plan, parse_plan
@@ -386,7 +386,7 @@ class CudaBackend(Backend):
             # do not fit): fused LoRA at b16, 64 blocks, ran 9.8 µs split 2 ways with 3 stages
             # on the H100 against 13.0 with the 2 the estimate allows, and 12.0 split 4 ways
             # (17.0 / 19.8 / 19.7 µs with a cold L2)
-            grids = {k.name: k.grid[0] * k.grid[1] * k.grid[2] for k in p.generated}
+            grids = {k.name: k.blocks for k in p.generated}
             sms = self._sm_count()
             quarter = tuple(
                 (name, n // 4)
@@ -594,12 +594,12 @@ class CudaBackend(Backend):
             )
         for name, r in results.items():
             kernel.timings[name] = min(kernel.timings.get(name, math.inf), r.median_us)
-        best = min(results, key=lambda n: kernel.timings[n])
-        tied = [n for n in results if kernel.timings[n] <= COLD_TIE_RATIO * kernel.timings[best]]
-        if len(tied) > 1 and not kernel.interpret:
-            # cold times this close do not order the variants: the one faster with its
-            # inputs in L2 wins (see COLD_TIE_RATIO)
-            best = min(tied, key=lambda n: self._warm_us(kernel, n, inputs))
+        # cold times within COLD_TIE_RATIO do not order the variants: the one faster with
+        # its inputs in L2 wins (the interpreter's wall-clock times break no ties)
+        best, _ = pick_cold_tie(
+            {n: kernel.timings[n] for n in results},
+            lambda n: None if kernel.interpret else self._warm_us(kernel, n, inputs),
+        )
         kernel.variant = best
         if not kernel.interpret:
             self._remember_variant(kernel.plan, best, kernel.timings)

@@ -174,6 +174,11 @@ class GeneratedKernel:
     smem_bytes: int
     kind: str = "generated"
 
+    @property
+    def blocks(self) -> int:
+        """Thread blocks of the grid."""
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
     def op(self, op_id: int) -> TileOp:
         for op in self.ops:
             if op.id == op_id:

@@ -1154,7 +1154,7 @@ def loop_split(k: GeneratedKernel, sm_count: int, max_split: int = MAX_SPLIT) ->
     ``max_split`` (the core's ``yirage_core::cost::gpu_loop_split``, up to 32)."""
     if not any(o.op == "accum" for o in k.ops) or not any(a.uses_iter() for a in k.inputs):
         return 1
-    blocks = k.grid[0] * k.grid[1] * k.grid[2]
+    blocks = k.blocks
     split = 1
     while blocks * split < 2 * sm_count and split * 2 <= max_split:
         nxt = split * 2
@@ -1211,7 +1211,7 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
         out += ["", *_HELPERS[h], ""]
     counted = [k for k in p.generated if splits.get(k.name, 1) > 1 and opts.last_block_combine]
     if counted:
-        n_cnt = max(k.grid[0] * k.grid[1] * k.grid[2] for k in counted)
+        n_cnt = max(k.blocks for k in counted)
         out += ["", *_arrivals_helper(n_cnt)]
     for block in kernel_blocks:
         out += ["", *block, ""]

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -67,6 +67,9 @@ class SuperoptimizeError(YirageError):
     def __init__(self, message: str, report: SuperoptimizeReport) -> None:
         super().__init__(message)
         self.report = report
+
+
+_K = TypeVar("_K")
 
 
 def resolve_backend(backend: str | Backend | None) -> Backend:
@@ -457,35 +460,46 @@ def superoptimize(
     )
 
 
+def pick_cold_tie(
+    cold_us: Mapping[_K, float], warm_us: Callable[[_K], float | None]
+) -> tuple[_K, dict[_K, float]]:
+    """The key with the lowest cold-cache time, or, among the keys within ``COLD_TIE_RATIO``
+    of it, the one ``warm_us`` (time with the inputs left in cache) finds fastest; with the
+    warm times used (empty when nothing tied or ``warm_us`` gave None). Shared by
+    ``superoptimize``'s choice between candidates and backends' choice between variants."""
+    best = min(cold_us, key=lambda k: cold_us[k])
+    tied = [k for k in cold_us if cold_us[k] <= COLD_TIE_RATIO * cold_us[best]]
+    if len(tied) < 2:
+        return best, {}
+    warm: dict[_K, float] = {}
+    for k in tied:
+        us = warm_us(k)
+        if us is None:
+            return best, {}
+        warm[k] = us
+    return min(tied, key=lambda k: warm[k]), warm
+
+
 def _break_cold_ties(
     be: Backend,
     passing: list[tuple[float, int, Any, Any, Any]],
     inputs: Any,
     report: SuperoptimizeReport,
 ) -> list[tuple[float, int, Any, Any, Any]]:
-    """``passing`` (sorted by cold time) with the candidate fastest warm first among those
-    tied with the best cold (see ``COLD_TIE_RATIO``); unchanged if the backend has no warm
-    timing."""
-    tied = [p for p in passing if p[0] <= COLD_TIE_RATIO * passing[0][0]]
-    if len(tied) < 2:
+    """``passing`` (sorted by cold time) with :func:`pick_cold_tie`'s candidate first."""
+    launchers = {p[1]: p[4] for p in passing}
+    try:
+        pick, warm = pick_cold_tie(
+            {p[1]: p[0] for p in passing}, lambda i: be.warm_time_us(launchers[i], inputs)
+        )
+    except Exception as exc:  # a timing failure only forgoes the tie-break
+        report.notes.append(f"warm timing failed, candidates ordered by cold time: {exc}")
         return passing
-    warm: dict[int, float] = {}
-    for _, index, _, _, launcher in tied:
-        try:
-            us = be.warm_time_us(launcher, inputs)
-        except Exception as exc:  # a timing failure only forgoes the tie-break
-            report.notes.append(f"warm timing of candidate {index} failed: {exc}")
-            return passing
-        if us is None:
-            return passing
-        warm[index] = us
-    pick = min(warm, key=lambda i: (warm[i], i))
     if pick != passing[0][1]:
-        first = warm[passing[0][1]]
         report.notes.append(
             f"candidates {', '.join(str(i) for i in warm)} were within {COLD_TIE_RATIO:g}x of "
             f"each other with a cold cache; candidate {pick} was chosen as the fastest with "
-            f"its inputs in cache ({warm[pick]:.1f} µs against {first:.1f} µs)"
+            f"its inputs in cache ({warm[pick]:.1f} µs against {warm[passing[0][1]]:.1f} µs)"
         )
     return sorted(passing, key=lambda p: (p[1] != pick, p[0], p[1]))
 
