@@ -4,7 +4,8 @@
 kernels that leave SMs idle split across extra blocks, the last part of each block combining
 the parts (split-K / flash-decoding, when some kernel qualifies:
 :func:`~yirage_cuda._triton_codegen.loop_split`), both also with 5-stage pipelines
-("triton_deep", "triton_split_deep"), the split one also split half and a quarter as many
+("triton_deep", "triton_split_deep"), with finer loop chunks under 4- and 5-stage pipelines
+("triton_fine", "triton_fine_deep"), the split one also split half and a quarter as many
 ways ("triton_split_half", "triton_split_quarter") and with a normalised dot operand
 multiplied raw and the product scaled ("triton_split_scaled" / "triton_scaled"), and as
 CUDA C++ (when the printer can lay the kernel out in shared memory). ``compile`` writes the
@@ -52,6 +53,7 @@ from yirage_cuda._runtime import (
     time_callable,
     warm_median_us,
 )
+from yirage_cuda._subtile import loop_subtile
 from yirage_cuda._triton_codegen import (
     CODEGEN_VERSION,
     DEEP_STAGES,
@@ -411,6 +413,22 @@ class CudaBackend(Backend):
             printings["triton_deep"] = deep
             if splits:
                 printings["triton_split_deep"] = dataclasses.replace(deep, split_loop=splits)
+        # finer loop chunks under deeper pipelines (weight-streaming kernels whose plan chunks
+        # leave room for two or three stages; see _subtile), with 4 and 5 stages: on the H100
+        # RMSNorm + Linear's hand-written form ran fastest with 5, gated MLP's with 4
+        fine = tuple((k.name, f) for k in p.generated if (f := loop_subtile(k)) > 1)
+        if (
+            fine
+            and not self.interpret
+            and not attention
+            and topts.num_stages is None
+            and not topts.subtile
+        ):
+            for name, depth in (
+                ("triton_fine", DEEP_STAGES - 1),
+                ("triton_fine_deep", DEEP_STAGES),
+            ):
+                printings[name] = dataclasses.replace(topts, subtile=fine, max_stages=depth)
         # a normalised dot operand multiplied raw and the product scaled instead (qknorm's K
         # tile): fewer elementwise ops but more registers and a second read of the tile
         # (sm_90 compiles: 239 registers against 203), so profiling decides; a plan without

@@ -52,11 +52,12 @@ from yirage_cuda._plan import (
     TileOp,
     parse_plan,
 )
+from yirage_cuda._subtile import subtile_kernel
 
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton", "loop_split"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-10"
+CODEGEN_VERSION = "triton-11"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -86,7 +87,9 @@ class TritonOptions:
     ``scale_after_dot``: a matmul operand divided by a vector that is constant along the
     contracted dim (qknorm's K tile over its row norms) is multiplied raw and the product
     scaled instead (see :meth:`_KernelPrinter._scaled_after_dot`); the backend profiles it as
-    a variant of its own.
+    a variant of its own. ``subtile``: (kernel name, f) pairs; such a kernel's loop chunks are
+    cut f ways (:func:`~yirage_cuda._subtile.subtile_kernel`, a CodegenError where that does
+    not apply).
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -100,13 +103,14 @@ class TritonOptions:
     max_stages: int = DEFAULT_STAGES
     last_block_combine: bool = True
     scale_after_dot: bool = False
+    subtile: tuple[tuple[str, int], ...] = ()
 
     def key(self) -> str:
         return (
             f"stages={self.num_stages};fp32dot={self.fp32_dot_precision};smem={self.smem_limit};"
             f"bf16dot32={self.bf16_dot_as_fp32};split={list(self.split_loop)};"
             f"max_stages={self.max_stages};last_block={self.last_block_combine};"
-            f"scale_after_dot={self.scale_after_dot}"
+            f"scale_after_dot={self.scale_after_dot};subtile={list(self.subtile)}"
         )
 
 
@@ -210,6 +214,8 @@ class _Val:
     pdims: tuple[int, ...]  # padded block shape
     dtype: str  # "float32" (computed) or a buffer dtype (loaded, not yet converted)
     clean: frozenset[int] = field(default_factory=frozenset)  # dims whose padding holds zeros
+    # logical size-1 dims whose padded lanes repeat lane 0 (a sum printed as a tl.dot)
+    rep: frozenset[int] = field(default_factory=frozenset)
 
     @property
     def rank(self) -> int:
@@ -269,7 +275,65 @@ class _KernelPrinter:
         self.fused_mm = set(self.fused.values())
         self.scaled = self._scaled_after_dot() if opts.scale_after_dot else {}
         self.absorbed = {div for div, _, _ in self.scaled.values()}
+        self.dot_sums = self._dot_sums()
+        for rid, rows in self.dot_sums.items():
+            for oid in self._divisor_chain(rid):
+                pd = list(self.pdims[oid])
+                pd[-2] = rows
+                self.pdims[oid] = tuple(pd)
+        self.loop_stages = 1  # set by print / print_split before the loop is printed
         self._check_groups()
+
+    def _divisor_chain(self, rid: int) -> list[int]:
+        """``rid`` and the unary ops after it up to a scaled dot's divisor (see _dot_sums)."""
+        chain = [rid]
+        while True:
+            users = self.k.consumers(chain[-1])
+            if len(users) != 1 or users[0].op != "unary":
+                return chain
+            chain.append(users[0].id)
+
+    def _dot_sums(self) -> dict[int, int]:
+        """Sums over a tile's rows that reach a scaled dot's divisor through unary ops only
+        (qknorm's K column norms: ``sqrt(sum(K * K, d) / d)`` beside ``dot(q, K)``): reduction
+        id -> rows of the dot's product. They are printed as ``tl.dot(ones, x * x)``, which
+        lands the norms in the product's own layout, every row the same (``_Val.rep``),
+        instead of a cross-warp ``tl.sum`` whose result must change layout. The summand goes
+        to the tensor cores as tf32 (fp32 range, 11 significant bits, as many as the fp16 K
+        itself): qknorm_gqa split 16 ways 12.4 µs on the H100, against 14.8 with tl.sum,
+        12.8 with one bfloat16 dot (8 bits) and 14.5 with a bfloat16 high and low part
+        (benchmarks/qknorm_probe.py)."""
+        out: dict[int, int] = {}
+        if self.plan.compute_dtype == "float32":
+            return out  # fp32 graphs keep the fp32 sum
+        for m_id, (div_id, _, r_id) in self.scaled.items():
+            if self.by_id[m_id].args[1] != div_id or [c.id for c in self.k.consumers(r_id)] != [
+                div_id
+            ]:
+                continue  # a divided A operand, or a divisor used elsewhere too
+            red = self.by_id[r_id]
+            path = [r_id]
+            while red.op == "unary":
+                path.append(red.args[0])
+                red = self.by_id[red.args[0]]
+            rank = len(red.dims)
+            if red.op != "reduction" or red.attr("dim") != rank - 2 or rank < 2:
+                continue
+            if self._divisor_chain(red.id)[::-1] != path:
+                continue  # a value of the chain has another user
+            xp = self.pdims[red.args[0]]
+            out_p = self.pdims[m_id]
+            if (
+                xp[-2] < 16
+                or xp[-1] < 16
+                or xp[-1] != out_p[-1]
+                or math.prod(xp[:-2]) != 1
+                or math.prod(out_p[:-2]) != 1
+                or red.id in self.invariant
+            ):
+                continue
+            out[red.id] = out_p[-2]
+        return out
 
     def _scaled_after_dot(self) -> dict[int, tuple[int, int, int]]:
         """Matmuls whose operand is ``x / r`` with ``r`` constant along the contracted dim
@@ -362,16 +426,25 @@ class _KernelPrinter:
         return f"tl.where({' & '.join(conds)}, {expr}, {fill})"
 
     def bind(
-        self, op_id: int, expr: str, dtype: str = "float32", clean: Iterable[int] = ()
+        self,
+        op_id: int,
+        expr: str,
+        dtype: str = "float32",
+        clean: Iterable[int] = (),
+        rep: Iterable[int] = (),
     ) -> _Val:
         o = self.by_id[op_id]
         name = f"t{op_id}"
         pd = self.pdims[op_id]
-        if o.op != "input" and any(n == 1 and p > 1 for n, p in zip(o.dims, pd, strict=True)):
+        reps = frozenset(rep)
+        if o.op != "input" and any(
+            n == 1 and p > 1 and d not in reps
+            for d, (n, p) in enumerate(zip(o.dims, pd, strict=True))
+        ):
             # a size-1 dim padded for tl.dot: reductions/broadcasts may yield extent 1 there
             expr = f"tl.broadcast_to({expr}, {_shape(pd)})"
         self.emit(f"{name} = {expr}")
-        v = _Val(name, o.dims, pd, dtype, frozenset(clean))
+        v = _Val(name, o.dims, pd, dtype, frozenset(clean), reps)
         self.vals[op_id] = v
         return v
 
@@ -380,6 +453,8 @@ class _KernelPrinter:
         size-1 dim that was padded (it takes part in a matmul) is reduced to its first lane."""
         expr = self.f32(v)
         for d in range(v.rank):
+            if d in v.rep and v.pdims[d] == out_pdims[d]:
+                continue  # every lane already holds the value
             if v.dims[d] == 1 and v.pdims[d] > 1 and out_dims[d] > 1:
                 first = _expand(f"tl.arange(0, {v.pdims[d]}) == 0", d, v.rank)
                 expr = f"tl.sum(tl.where({first}, {expr}, 0.0), axis={d}, keep_dims=True)"
@@ -530,7 +605,11 @@ class _KernelPrinter:
             x = self.vals[o.args[0]]
             d = o.attr("dim")
             keep = [i for i in x.clean if i != d]
-            self.bind(o.id, f"tl.sum({self.masked(x, [d])}, axis={d}, keep_dims=True)", clean=keep)
+            if o.id in self.dot_sums:
+                self.bind(o.id, self.dot_sum(x, self.dot_sums[o.id]), clean=keep, rep=[d])
+            else:
+                expr = f"tl.sum({self.masked(x, [d])}, axis={d}, keep_dims=True)"
+                self.bind(o.id, expr, clean=keep)
         elif kind == "reduction_to_dimx":
             x = self.vals[o.args[0]]
             d = o.attr("dim")
@@ -555,6 +634,18 @@ class _KernelPrinter:
         else:  # pragma: no cover - validated by the parser
             raise CodegenError(f"kernel {self.k.name!r}: cannot print op {kind!r}")
 
+    def dot_sum(self, x: _Val, rows: int) -> str:
+        """``x`` summed over its rows (dim -2) by ``tl.dot(ones[rows, R], x)``: a [.., rows, C]
+        block whose rows all hold the sum (see :meth:`_dot_sums`)."""
+        big, cols = x.pdims[-2:]
+        s = self.fresh("s")
+        self.emit(f"{s} = tl.reshape({self.masked(x, [x.rank - 2])}, [{big}, {cols}])")
+        # tf32 on a GPU; exact fp32 in the interpreter (which ignores input_precision)
+        prec = "ieee" if self.opts.bf16_dot_as_fp32 else "tf32"
+        ones = f"tl.full([{rows}, {big}], 1.0, tl.float32)"
+        prod = f"tl.dot({ones}, {s}, input_precision={prec!r})"
+        return f"tl.reshape({prod}, {_shape((*x.pdims[:-2], rows, cols))})"
+
     def emit_scaled_dot(self, o: TileOp) -> None:
         """``dot(a, x / r)`` as ``dot(a, x) * (1 / r)`` (see :meth:`_scaled_after_dot`)."""
         div, x, r = self.scaled[o.id]
@@ -567,10 +658,10 @@ class _KernelPrinter:
         if (rank - 1) in b.clean:
             clean.append(rank - 1)
         rv = self.vals[r]
-        pad = [d for d in range(rv.rank) if rv.padded(d)]
+        pad = [d for d in range(rv.rank) if rv.padded(d) and d not in rv.rep]
         if pad:  # padded divisor lanes read 1, as in emit_binary
             den = self.masked(rv, pad, fill="1.0", force=True)
-            rv = _Val(f"({den})", rv.dims, rv.pdims, "float32")
+            rv = _Val(f"({den})", rv.dims, rv.pdims, "float32", rep=rv.rep)
         out = self.by_id[o.id]
         scale = self.broadcast_operand(rv, out.dims, self.pdims[o.id])
         self.bind(o.id, f"{self.dot_expr(raw, None)} * (1.0 / ({scale}))", clean=clean)
@@ -609,7 +700,7 @@ class _KernelPrinter:
         clean = x.clean if name in zero_safe else frozenset()
         if name == "clamp" and len(p) == 2 and p[0] <= 0.0 <= p[1]:
             clean = x.clean
-        self.bind(o.id, exprs[name], clean=clean)
+        self.bind(o.id, exprs[name], clean=clean, rep=x.rep)
 
     def emit_binary(self, o: TileOp) -> None:
         a, b = (self.vals[x] for x in o.args)
@@ -618,10 +709,10 @@ class _KernelPrinter:
             # padded lanes of the divisor hold 0 (or garbage): make them 1 so the padded
             # lanes of the quotient stay finite (0/0 warns in the interpreter); the real
             # lanes, and the quotient's (unclaimed) padding, are unaffected
-            pad = [d for d in range(b.rank) if b.padded(d)]
+            pad = [d for d in range(b.rank) if b.padded(d) and d not in b.rep]
             if pad:
                 den = self.masked(b, pad, fill="1.0", force=True)
-                b = _Val(f"({den})", b.dims, b.pdims, "float32", b.clean)
+                b = _Val(f"({den})", b.dims, b.pdims, "float32", b.clean, b.rep)
         ea = self.broadcast_operand(a, o.dims, out_p)
         eb = self.broadcast_operand(b, o.dims, out_p)
         name = o.attr("binop")
@@ -874,7 +965,9 @@ class _KernelPrinter:
             start = "0" if lo == "0" else lo
             self.emit(f"for it in tl.range({start}, {start} + {n}, num_stages=NUM_STAGES):")
             self.indent += 1
-        dual = self._dual_use_loads(loop_ops) if n != 1 else set()
+        # a second read only helps the software pipeline; without one it is just more loads
+        # (qknorm_gqa split 16 ways, one stage: 12.7 against 14.1 µs on the H100)
+        dual = self._dual_use_loads(loop_ops) if n != 1 and self.loop_stages > 1 else set()
         second: dict[int, _Val] = {}
         for o in loop_ops:
             swapped = {a: self.vals[a] for a in o.args if a in second} if o.op != "matmul" else {}
@@ -924,6 +1017,7 @@ class _KernelPrinter:
         for o in before:
             self.emit_compute(o, "0")
         self._emit_init_accums()
+        self.loop_stages = self.stages()
         self._emit_loop(loop_ops, "0", k.forloop_range)
         self._emit_finish(after)
         return head + self.lines
@@ -1068,6 +1162,7 @@ class _KernelPrinter:
         for o in before:
             self.emit_compute(o, "0")
         self._emit_init_accums()
+        self.loop_stages = self.split_stages(split)
         self._emit_loop(loop_ops, f"sp * {n_iter}", n_iter)
         self._emit_block_id()
         self.emit(f"rec = ws + (blk * {split} + sp) * {rec}")
@@ -1185,7 +1280,16 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
     helpers: set[str] = set()
     printers: dict[str, _KernelPrinter] = {}
     splits = dict(opts.split_loop)
+    fine = dict(opts.subtile)
     for k in p.generated:
+        if fine.get(k.name, 1) > 1:
+            cut = subtile_kernel(k, fine[k.name])
+            if cut is None:
+                raise CodegenError(
+                    f"kernel {k.name!r}: its loop chunks cannot be cut {fine[k.name]} ways "
+                    "(something other than a sum over the loop reads them)"
+                )
+            k = cut
         pr = _KernelPrinter(p, k, opts)
         n_split = splits.get(k.name, 1)
         info = {"grid": list(k.grid), "num_warps": k.warps, "num_stages": pr.stages()}
