@@ -50,7 +50,7 @@ def test_cut_chunks_match_the_reference(name: str, dtype: str) -> None:
         assert rel_err(o, r) <= TOL[dtype]
 
 
-def test_cut_kernel_halves_the_walking_tiles_only() -> None:
+def test_cut_kernel_shrinks_the_walking_tiles_only() -> None:
     k = _kernel(plans.rmsnorm_linear(h=512, tk=64))
     cut = subtile_kernel(k, 4)
     assert cut is not None and cut.forloop_range == 4 * k.forloop_range

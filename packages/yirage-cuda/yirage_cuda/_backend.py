@@ -84,6 +84,7 @@ class CudaSource:
     #: further printings of the plan by variant name: "triton_split" (the under-filled
     #: kernels' loops split), "triton_split_half" / "triton_split_quarter" (split half / a
     #: quarter as many ways), "triton_deep" / "triton_split_deep" (deeper pipelines),
+    #: "triton_fine" / "triton_fine_deep" (loop chunks cut to 128 rows, 4 / 5 stages),
     #: "triton_split_scaled" / "triton_scaled" (a normalised dot operand multiplied raw, the
     #: product scaled)
     triton_variants: dict[str, TritonSource] = field(default_factory=dict)

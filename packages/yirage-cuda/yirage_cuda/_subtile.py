@@ -72,7 +72,7 @@ def subtile_kernel(k: GeneratedKernel, f: int) -> GeneratedKernel | None:
         w: int | None = None
         if o.op == "input":
             d = _walk_dim(k.inputs[o.attr("input")])
-            w = None if d is False else d
+            w = None if d is False else d  # (_chunk refused inputs that walk otherwise)
         elif o.op == "unary":
             w = ins[0]
         elif o.op == "binary":
@@ -136,6 +136,8 @@ def subtile_kernel(k: GeneratedKernel, f: int) -> GeneratedKernel | None:
         forloop_range=k.forloop_range * f,
         inputs=tuple(inputs),
         ops=tuple(ops),
+        # the estimate is mostly stage buffers, which shrink with the chunks; the printer
+        # only uses it to choose a pipeline depth, and the runtime lowers one that does not fit
         smem_bytes=max(1, k.smem_bytes // f),
     )
 

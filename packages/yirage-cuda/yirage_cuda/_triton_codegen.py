@@ -275,35 +275,27 @@ class _KernelPrinter:
         self.fused_mm = set(self.fused.values())
         self.scaled = self._scaled_after_dot() if opts.scale_after_dot else {}
         self.absorbed = {div for div, _, _ in self.scaled.values()}
-        self.dot_sums = self._dot_sums()
-        for rid, rows in self.dot_sums.items():
-            for oid in self._divisor_chain(rid):
+        self.dot_sums: dict[int, int] = {}
+        for rid, (rows, chain) in self._dot_sums().items():
+            self.dot_sums[rid] = rows
+            for oid in chain:  # the sum and the unary ops after it hold `rows` equal rows
                 pd = list(self.pdims[oid])
                 pd[-2] = rows
                 self.pdims[oid] = tuple(pd)
-        self.loop_stages = 1  # set by print / print_split before the loop is printed
         self._check_groups()
 
-    def _divisor_chain(self, rid: int) -> list[int]:
-        """``rid`` and the unary ops after it up to a scaled dot's divisor (see _dot_sums)."""
-        chain = [rid]
-        while True:
-            users = self.k.consumers(chain[-1])
-            if len(users) != 1 or users[0].op != "unary":
-                return chain
-            chain.append(users[0].id)
-
-    def _dot_sums(self) -> dict[int, int]:
+    def _dot_sums(self) -> dict[int, tuple[int, list[int]]]:
         """Sums over a tile's rows that reach a scaled dot's divisor through unary ops only
         (qknorm's K column norms: ``sqrt(sum(K * K, d) / d)`` beside ``dot(q, K)``): reduction
-        id -> rows of the dot's product. They are printed as ``tl.dot(ones, x * x)``, which
+        id -> (rows of the dot's product, the reduction and the unary ops after it). They are
+        printed as ``tl.dot(ones, x * x)``, which
         lands the norms in the product's own layout, every row the same (``_Val.rep``),
         instead of a cross-warp ``tl.sum`` whose result must change layout. The summand goes
         to the tensor cores as tf32 (fp32 range, 11 significant bits, as many as the fp16 K
         itself): qknorm_gqa split 16 ways 12.4 µs on the H100, against 14.8 with tl.sum,
         12.8 with one bfloat16 dot (8 bits) and 14.5 with a bfloat16 high and low part
         (benchmarks/qknorm_probe.py)."""
-        out: dict[int, int] = {}
+        out: dict[int, tuple[int, list[int]]] = {}
         if self.plan.compute_dtype == "float32":
             return out  # fp32 graphs keep the fp32 sum
         for m_id, (div_id, _, r_id) in self.scaled.items():
@@ -312,15 +304,15 @@ class _KernelPrinter:
             ]:
                 continue  # a divided A operand, or a divisor used elsewhere too
             red = self.by_id[r_id]
-            path = [r_id]
+            chain = [r_id]
             while red.op == "unary":
-                path.append(red.args[0])
                 red = self.by_id[red.args[0]]
+                if [c.id for c in self.k.consumers(red.id)] != [chain[-1]]:
+                    break  # a value of the chain has another user
+                chain.append(red.id)
             rank = len(red.dims)
-            if red.op != "reduction" or red.attr("dim") != rank - 2 or rank < 2:
+            if chain[-1] != red.id or red.op != "reduction" or red.attr("dim") != rank - 2:
                 continue
-            if self._divisor_chain(red.id)[::-1] != path:
-                continue  # a value of the chain has another user
             xp = self.pdims[red.args[0]]
             out_p = self.pdims[m_id]
             if (
@@ -332,7 +324,7 @@ class _KernelPrinter:
                 or red.id in self.invariant
             ):
                 continue
-            out[red.id] = out_p[-2]
+            out[red.id] = (out_p[-2], chain)
         return out
 
     def _scaled_after_dot(self) -> dict[int, tuple[int, int, int]]:
@@ -640,10 +632,8 @@ class _KernelPrinter:
         big, cols = x.pdims[-2:]
         s = self.fresh("s")
         self.emit(f"{s} = tl.reshape({self.masked(x, [x.rank - 2])}, [{big}, {cols}])")
-        # tf32 on a GPU; exact fp32 in the interpreter (which ignores input_precision)
-        prec = "ieee" if self.opts.bf16_dot_as_fp32 else "tf32"
         ones = f"tl.full([{rows}, {big}], 1.0, tl.float32)"
-        prod = f"tl.dot({ones}, {s}, input_precision={prec!r})"
+        prod = f"tl.dot({ones}, {s}, input_precision='tf32')"  # the interpreter: exact fp32
         return f"tl.reshape({prod}, {_shape((*x.pdims[:-2], rows, cols))})"
 
     def emit_scaled_dot(self, o: TileOp) -> None:
@@ -955,8 +945,9 @@ class _KernelPrinter:
         dtype = self.plan.buffer(acc.buffer).dtype
         return _Val(name, o.dims, pd, dtype, frozenset(range(len(o.dims))))
 
-    def _emit_loop(self, loop_ops: list[TileOp], lo: str, n: int) -> None:
-        """The for-loop over iterations ``lo .. lo + n`` (accumulator updates included)."""
+    def _emit_loop(self, loop_ops: list[TileOp], lo: str, n: int, stages: int) -> None:
+        """The for-loop over iterations ``lo .. lo + n`` (accumulator updates included),
+        software-pipelined ``stages`` deep."""
         if not loop_ops:
             return
         if n == 1:
@@ -967,7 +958,7 @@ class _KernelPrinter:
             self.indent += 1
         # a second read only helps the software pipeline; without one it is just more loads
         # (qknorm_gqa split 16 ways, one stage: 12.7 against 14.1 µs on the H100)
-        dual = self._dual_use_loads(loop_ops) if n != 1 and self.loop_stages > 1 else set()
+        dual = self._dual_use_loads(loop_ops) if n != 1 and stages > 1 else set()
         second: dict[int, _Val] = {}
         for o in loop_ops:
             swapped = {a: self.vals[a] for a in o.args if a in second} if o.op != "matmul" else {}
@@ -1017,8 +1008,7 @@ class _KernelPrinter:
         for o in before:
             self.emit_compute(o, "0")
         self._emit_init_accums()
-        self.loop_stages = self.stages()
-        self._emit_loop(loop_ops, "0", k.forloop_range)
+        self._emit_loop(loop_ops, "0", k.forloop_range, self.stages())
         self._emit_finish(after)
         return head + self.lines
 
@@ -1162,8 +1152,7 @@ class _KernelPrinter:
         for o in before:
             self.emit_compute(o, "0")
         self._emit_init_accums()
-        self.loop_stages = self.split_stages(split)
-        self._emit_loop(loop_ops, f"sp * {n_iter}", n_iter)
+        self._emit_loop(loop_ops, f"sp * {n_iter}", n_iter, self.split_stages(split))
         self._emit_block_id()
         self.emit(f"rec = ws + (blk * {split} + sp) * {rec}")
         off = 0
