@@ -1,6 +1,9 @@
 """What limits the kernels yirage chooses: superoptimize each case (decision cache as set by
 YIRAGE_CACHE_DIR), then run the chosen kernel once inside a profiler range for Nsight Compute.
+Run it once without ncu first: profiling under ncu times every candidate far slower than in
+use and would choose other kernels; the second run takes the first run's choices from the cache.
 
+    python benchmarks/ncu_chosen.py rmsnorm_linear:gpu_b16 qknorm_gqa:gpu
     ncu --clock-control none --profile-from-start off --csv \\
         --metrics $(python benchmarks/ncu_chosen.py --metrics) \\
         python benchmarks/ncu_chosen.py rmsnorm_linear:gpu_b16 qknorm_gqa:gpu
