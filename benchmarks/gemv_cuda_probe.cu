@@ -63,7 +63,7 @@ __device__ __forceinline__ float sq2(uint32_t v) {
 // VEC halves per thread and W row (8: 16-byte loads, 64 columns per block; 4: 8-byte, 32).
 // Thread (g = lane/4, q = lane%4) of a warp loads rows k+2q, k+2q+1, k+2q+8, k+2q+9 at
 // columns col0 + g*VEC .. +VEC-1; n-tile j's fragment column g is global column col0+g*VEC+j.
-template <int NW, int U, int VEC, int MODE, int HINT>
+template <int NW, int U, int VEC, int MODE, int HINT, int PF>
 __global__ void __launch_bounds__(NW * 32, 1)
     gemv(const __half* __restrict__ X, const __half* __restrict__ W, __half* __restrict__ Y,
          int M, int K, int N, float eps) {
@@ -87,8 +87,9 @@ __global__ void __launch_bounds__(NW * 32, 1)
   for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   float ss0 = 0.f, ss1 = 0.f;
   uint32_t xorsum = 0;
-  uint32_t wr[U][4][VEC / 2];
-  uint32_t xr[U][4];
+  constexpr int R = U + PF;  // register slots: U steps in flight, plus one with PF
+  uint32_t wr[R][4][VEC / 2];
+  uint32_t xr[R][4];
 
   auto load = [&](int s, int slot) {
     const __half* p = wp + (size_t)s * 16 * N;
@@ -123,11 +124,16 @@ __global__ void __launch_bounds__(NW * 32, 1)
 
 #pragma unroll
   for (int u = 0; u < U; u++) load(u, u);
-  for (int s0 = 0; s0 < steps; s0 += U) {
+  for (int s0 = 0; s0 < steps; s0 += R) {  // steps % R == 0
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      compute(u);
-      if (s0 + U + u < steps) load(s0 + U + u, u);
+    for (int u = 0; u < R; u++) {
+      if (PF) {  // issue step s+U before waiting on step s
+        if (s0 + u + U < steps) load(s0 + u + U, (u + U) % R);
+        compute(u);
+      } else {
+        compute(u);
+        if (s0 + U + u < steps) load(s0 + U + u, u);
+      }
     }
   }
   if (MODE == 2) {
@@ -293,10 +299,10 @@ struct Cfg {
   int nw, vec;
 };
 
-#define C(NW, U, VEC, MODE, HINT)                                                          \
-  Cfg {                                                                                    \
-    "nw=" #NW " u=" #U " vec=" #VEC " mode=" #MODE " l2hint=" #HINT, gemv<NW, U, VEC, MODE, HINT>, \
-        NW, VEC                                                                            \
+#define C(NW, U, VEC, MODE, HINT, PF)                                                  \
+  Cfg {                                                                                \
+    "nw=" #NW " u=" #U " vec=" #VEC " mode=" #MODE " l2hint=" #HINT " pf=" #PF,        \
+        gemv<NW, U, VEC, MODE, HINT, PF>, NW, VEC                                      \
   }
 
 static float timed(const std::function<void(cudaStream_t)>& launch) {
@@ -376,7 +382,9 @@ int main() {
       ref[r * cols.size() + ci] = s * rinv[r];
     }
   std::vector<Cfg> cfgs = {
-      C(8, 4, 8, 0, 0), C(8, 4, 8, 0, 1), C(4, 8, 4, 0, 0), C(8, 4, 8, 2, 0),
+      C(8, 4, 8, 0, 0, 0), C(8, 3, 8, 0, 0, 1), C(8, 7, 8, 0, 0, 1), C(4, 3, 8, 0, 0, 1),
+      C(4, 7, 8, 0, 0, 1), C(8, 4, 8, 0, 1, 0), C(4, 8, 4, 0, 0, 0), C(4, 7, 4, 0, 0, 1),
+      C(8, 4, 8, 2, 0, 0),
   };
   const double mb = (double)K * N * 2 / 1e6;
   std::vector<SplitCfg> scfgs = {SC(4, 4, 2), SC(2, 4, 4), SC(4, 4, 4), SC(2, 4, 8), SC(4, 2, 8),
