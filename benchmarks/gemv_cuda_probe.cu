@@ -60,34 +60,29 @@ __device__ __forceinline__ float sq2(uint32_t v) {
   return f.x * f.x + f.y * f.y;
 }
 
-// VEC halves per thread and W row (8: 16-byte loads, 64 columns per block; 4: 8-byte, 32).
-// Thread (g = lane/4, q = lane%4) of a warp loads rows k+2q, k+2q+1, k+2q+8, k+2q+9 at
-// columns col0 + g*VEC .. +VEC-1; n-tile j's fragment column g is global column col0+g*VEC+j.
-template <int NW, int U, int VEC, int MODE, int HINT, int PF>
-__global__ void __launch_bounds__(NW * 32, 1)
-    gemv(const __half* __restrict__ X, const __half* __restrict__ W, __half* __restrict__ Y,
-         int M, int K, int N, float eps) {
-  constexpr int NT = VEC;  // n-tiles per warp
-  constexpr int BN = 8 * VEC;
-  // per-warp partials, summed after the loop (shared-memory float atomics are CAS loops)
-  __shared__ float red[NW][BN * 16];
-  __shared__ float ssr[NW][16];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, q = lane & 3;
-  const int col0 = blockIdx.x * BN;
-  const int kper = K / NW, kbeg = warp * kper, steps = kper / 16;
+// One warp's stream over `steps` 16-row steps of W from row kbeg: VEC halves per thread and
+// W row (8: 16-byte loads, 64 columns per block; 4: 8-byte, 32). Thread (g = lane/4,
+// q = lane%4) loads rows k+2q, k+2q+1, k+2q+8, k+2q+9 at columns col0 + g*VEC .. +VEC-1;
+// n-tile j's fragment column g is global column col0 + g*VEC + j. Leaves the warp's partial
+// products in acc and the sums of squares of X rows g and g+8 over the slice in ss0, ss1
+// (mode 0), or only reads W (mode 2; xorsum keeps the loads alive). U steps are in flight;
+// PF=1 issues step s+U before waiting on step s (one more register slot). steps % (U+PF) == 0.
+template <int U, int VEC, int MODE, int HINT, int PF>
+__device__ __forceinline__ void stream_slice(const __half* __restrict__ X,
+                                             const __half* __restrict__ W, int M, int K, int N,
+                                             int col0, int kbeg, int steps, float (&acc)[VEC][4],
+                                             float& ss0, float& ss1, uint32_t& xorsum) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const __half* wp = W + (size_t)(kbeg + 2 * q) * N + col0 + g * VEC;
   const size_t rowoff[4] = {0, (size_t)N, (size_t)8 * N, (size_t)9 * N};
   const bool v0 = g < M, v1 = g + 8 < M;
   const __half* xp0 = X + (size_t)g * K + kbeg + 2 * q;
   const __half* xp1 = X + (size_t)(g + 8) * K + kbeg + 2 * q;
-
-  float acc[NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float ss0 = 0.f, ss1 = 0.f;
-  uint32_t xorsum = 0;
-  constexpr int R = U + PF;  // register slots: U steps in flight, plus one with PF
+  for (int j = 0; j < VEC; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  ss0 = ss1 = 0.f;
+  xorsum = 0;
+  constexpr int R = U + PF;  // register slots
   uint32_t wr[R][4][VEC / 2];
   uint32_t xr[R][4];
 
@@ -114,7 +109,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
     ss0 += sq2(xr[slot][0]) + sq2(xr[slot][2]);
     ss1 += sq2(xr[slot][1]) + sq2(xr[slot][3]);
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
+    for (int j = 0; j < VEC; j++) {
       const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
       const uint32_t b0 = __byte_perm(wr[slot][0][j >> 1], wr[slot][1][j >> 1], sel);
       const uint32_t b1 = __byte_perm(wr[slot][2][j >> 1], wr[slot][3][j >> 1], sel);
@@ -124,10 +119,10 @@ __global__ void __launch_bounds__(NW * 32, 1)
 
 #pragma unroll
   for (int u = 0; u < U; u++) load(u, u);
-  for (int s0 = 0; s0 < steps; s0 += R) {  // steps % R == 0
+  for (int s0 = 0; s0 < steps; s0 += R) {
 #pragma unroll
     for (int u = 0; u < R; u++) {
-      if (PF) {  // issue step s+U before waiting on step s
+      if (PF) {
         if (s0 + u + U < steps) load(s0 + u + U, (u + U) % R);
         compute(u);
       } else {
@@ -136,10 +131,15 @@ __global__ void __launch_bounds__(NW * 32, 1)
       }
     }
   }
-  if (MODE == 2) {
-    if (xorsum == 0x12345678u) Y[0] = __float2half(1.f);
-    return;
-  }
+}
+
+// Each warp's partials into red[warp] (row-major [16][BN]) and its sums of squares into
+// ssr[warp]; the caller syncs and sums over warps (shared-memory float atomics are CAS loops).
+template <int NW, int VEC>
+__device__ __forceinline__ void partials_to_smem(const float (&acc)[VEC][4], float ss0, float ss1,
+                                                 float (&red)[NW][8 * VEC * 16],
+                                                 float (&ssr)[NW][16]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
   ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
   ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
@@ -149,28 +149,42 @@ __global__ void __launch_bounds__(NW * 32, 1)
     ssr[warp][g + 8] = ss1;
   }
 #pragma unroll
-  for (int j = 0; j < NT; j++)
+  for (int j = 0; j < VEC; j++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int row = g + (e >= 2 ? 8 : 0);
-      const int col = (2 * q + (e & 1)) * VEC + j;
-      red[warp][row * BN + col] = acc[j][e];
-    }
-  __syncthreads();
-  for (int i = threadIdx.x; i < BN * 16; i += blockDim.x) {
-    const int row = i / BN, col = i % BN;
-    if (row < M) {
-      float a = 0.f, ss = 0.f;
-#pragma unroll
-      for (int w = 0; w < NW; w++) {
-        a += red[w][i];
-        ss += ssr[w][row];
-      }
-      Y[(size_t)row * N + col0 + col] = __float2half(a * rsqrtf(ss / K + eps));
-    }
-  }
+    for (int e = 0; e < 4; e++)
+      red[warp][(g + (e >= 2 ? 8 : 0)) * 8 * VEC + (2 * q + (e & 1)) * VEC + j] = acc[j][e];
 }
 
+// One block per column tile, its NW warps splitting K.
+template <int NW, int U, int VEC, int MODE, int HINT, int PF>
+__global__ void __launch_bounds__(NW * 32, 1)
+    gemv(const __half* __restrict__ X, const __half* __restrict__ W, __half* __restrict__ Y,
+         int M, int K, int N, float eps) {
+  constexpr int BN = 8 * VEC;
+  __shared__ float red[NW][BN * 16];
+  __shared__ float ssr[NW][16];
+  const int warp = threadIdx.x >> 5, col0 = blockIdx.x * BN, kper = K / NW;
+  float acc[VEC][4], ss0, ss1;
+  uint32_t xorsum;
+  stream_slice<U, VEC, MODE, HINT, PF>(X, W, M, K, N, col0, warp * kper, kper / 16, acc, ss0,
+                                       ss1, xorsum);
+  if (MODE == 2) {
+    if (xorsum == 0x12345678u) Y[0] = __float2half(1.f);
+    return;
+  }
+  partials_to_smem<NW, VEC>(acc, ss0, ss1, red, ssr);
+  __syncthreads();
+  for (int i = threadIdx.x; i < BN * M; i += blockDim.x) {
+    const int row = i / BN;
+    float a = 0.f, ss = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) {
+      a += red[w][i];
+      ss += ssr[w][row];
+    }
+    Y[(size_t)row * N + col0 + i % BN] = __float2half(a * rsqrtf(ss / K + eps));
+  }
+}
 
 // Split K over S blocks per column tile so that every SM streams: each block reduces its
 // warps' partials in shared memory, adds them to an fp32 workspace (red.global.add), and the
@@ -181,68 +195,17 @@ __global__ void __launch_bounds__(NW * 32)
     gemv_splitk(const __half* __restrict__ X, const __half* __restrict__ W, __half* __restrict__ Y,
                 float* __restrict__ ws, float* __restrict__ wss, unsigned* __restrict__ cnt,
                 int M, int K, int N, float eps) {
-  constexpr int VEC = 8, NT = 8, BN = 64;
+  constexpr int VEC = 8, BN = 64;
   __shared__ float red[NW][BN * 16];
   __shared__ float ssr[NW][16];
   __shared__ bool last;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, q = lane & 3;
-  const int tile = blockIdx.x, col0 = tile * BN;
-  const int kper = K / (NW * S), kbeg = (blockIdx.y * NW + warp) * kper, steps = kper / 16;
-  const __half* wp = W + (size_t)(kbeg + 2 * q) * N + col0 + g * VEC;
-  const size_t rowoff[4] = {0, (size_t)N, (size_t)8 * N, (size_t)9 * N};
-  const bool v0 = g < M, v1 = g + 8 < M;
-  const __half* xp0 = X + (size_t)g * K + kbeg + 2 * q;
-  const __half* xp1 = X + (size_t)(g + 8) * K + kbeg + 2 * q;
-  float acc[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float ss0 = 0.f, ss1 = 0.f;
-  uint32_t wr[U][4][VEC / 2];
-  uint32_t xr[U][4];
-  auto load = [&](int s, int slot) {
-    const __half* p = wp + (size_t)s * 16 * N;
-#pragma unroll
-    for (int r = 0; r < 4; r++) ldw<0>(wr[slot][r], p + rowoff[r], VEC);
-    const int ko = s * 16;
-    xr[slot][0] = v0 ? *reinterpret_cast<const uint32_t*>(xp0 + ko) : 0u;
-    xr[slot][1] = v1 ? *reinterpret_cast<const uint32_t*>(xp1 + ko) : 0u;
-    xr[slot][2] = v0 ? *reinterpret_cast<const uint32_t*>(xp0 + ko + 8) : 0u;
-    xr[slot][3] = v1 ? *reinterpret_cast<const uint32_t*>(xp1 + ko + 8) : 0u;
-  };
-  auto compute = [&](int slot) {
-    ss0 += sq2(xr[slot][0]) + sq2(xr[slot][2]);
-    ss1 += sq2(xr[slot][1]) + sq2(xr[slot][3]);
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-      const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
-      const uint32_t b0 = __byte_perm(wr[slot][0][j >> 1], wr[slot][1][j >> 1], sel);
-      const uint32_t b1 = __byte_perm(wr[slot][2][j >> 1], wr[slot][3][j >> 1], sel);
-      mma(acc[j], xr[slot], b0, b1);
-    }
-  };
-#pragma unroll
-  for (int u = 0; u < U; u++) load(u, u);
-  for (int s0 = 0; s0 < steps; s0 += U) {
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      compute(u);
-      if (s0 + U + u < steps) load(s0 + U + u, u);
-    }
-  }
-  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
-  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
-  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
-  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
-  if (q == 0) {
-    ssr[warp][g] = ss0;
-    ssr[warp][g + 8] = ss1;
-  }
-#pragma unroll
-  for (int j = 0; j < NT; j++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      red[warp][(g + (e >= 2 ? 8 : 0)) * BN + (2 * q + (e & 1)) * VEC + j] = acc[j][e];
+  const int warp = threadIdx.x >> 5, tile = blockIdx.x, col0 = tile * BN;
+  const int kper = K / (NW * S);
+  float acc[VEC][4], ss0, ss1;
+  uint32_t xorsum;
+  stream_slice<U, VEC, 0, 0, 0>(X, W, M, K, N, col0, (blockIdx.y * NW + warp) * kper, kper / 16,
+                                acc, ss0, ss1, xorsum);
+  partials_to_smem<NW, VEC>(acc, ss0, ss1, red, ssr);
   __syncthreads();
   for (int i = threadIdx.x; i < BN * M; i += blockDim.x) {
     float a = 0.f;
@@ -263,10 +226,9 @@ __global__ void __launch_bounds__(NW * 32)
   if (!last) return;
   __threadfence();
   for (int i = threadIdx.x; i < BN * M; i += blockDim.x) {
-    const int row = i / BN, col = i % BN;
     const float a = __ldcg(&ws[(size_t)tile * BN * 16 + i]);
-    const float ss = __ldcg(&wss[tile * 16 + row]);
-    Y[(size_t)row * N + col0 + col] = __float2half(a * rsqrtf(ss / K + eps));
+    const float ss = __ldcg(&wss[tile * 16 + i / BN]);
+    Y[(size_t)(i / BN) * N + col0 + i % BN] = __float2half(a * rsqrtf(ss / K + eps));
     __stcg(&ws[(size_t)tile * BN * 16 + i], 0.f);
   }
   __syncthreads();
@@ -397,53 +359,44 @@ int main() {
   CK(cudaMemset(ws, 0, (size_t)N * 16 * 4));
   CK(cudaMemset(wss, 0, (size_t)(N / 64) * 16 * 4));
   CK(cudaMemset(cnt, 0, (size_t)(N / 64) * 4));
+  // one launch from a zeroed Y, then the relative error of its sampled columns (a split-K
+  // launch leaves its workspace and counters cleared for the next one)
+  auto checked = [&](const std::function<void(cudaStream_t)>& launch, int m) {
+    CK(cudaMemset(y, 0, hy.size() * 2));
+    launch(0);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hy.data(), y, hy.size() * 2, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (int r = 0; r < m; r++)
+      for (size_t ci = 0; ci < cols.size(); ci++) {
+        const double want = ref[r * cols.size() + ci];
+        const double d = __half2float(hy[r * N + cols[ci]]) - want;
+        num += d * d;
+        den += want * want;
+      }
+    return std::sqrt(num / den);
+  };
   for (int m : {1, 8, 16}) {
     printf("== m=%d (W %.1f MB)\n", m, mb);
     for (auto& c : cfgs) {
-      if (c.fn == nullptr) continue;
-      CK(cudaMemset(y, 0, hy.size() * 2));
       dim3 grid(N / (8 * c.vec)), block(c.nw * 32);
       auto launch = [&](cudaStream_t st) { c.fn<<<grid, block, 0, st>>>(x, w, y, m, K, N, 1e-6f); };
-      launch(0);
-      CK(cudaGetLastError());
-      CK(cudaDeviceSynchronize());
-      CK(cudaMemcpy(hy.data(), y, hy.size() * 2, cudaMemcpyDeviceToHost));
-      double num = 0, den = 0;
-      for (int r = 0; r < m; r++)
-        for (size_t ci = 0; ci < cols.size(); ci++) {
-          const double d = __half2float(hy[r * N + cols[ci]]) - ref[r * cols.size() + ci];
-          num += d * d;
-          den += ref[r * cols.size() + ci] * ref[r * cols.size() + ci];
-        }
-      const bool readonly = strstr(c.name, "mode=2") != nullptr;
-      const double err = std::sqrt(num / den);
+      const double err = checked(launch, m);
       const float us = timed(launch);
-      printf("  %-36s grid=%3d: %6.1f us  %.2f TB/s%s", c.name, N / (8 * c.vec), us, mb / us,
-             readonly ? "  (read only)\n" : "");
-      if (!readonly) printf("  rel err %.1e%s\n", err, err < 1e-2 ? "" : " WRONG");
+      printf("  %-36s grid=%3d: %6.1f us  %.2f TB/s", c.name, N / (8 * c.vec), us, mb / us);
+      if (strstr(c.name, "mode=2") != nullptr)
+        printf("  (read only)\n");
+      else
+        printf("  rel err %.1e%s\n", err, err < 1e-2 ? "" : " WRONG");
     }
     for (auto& c : scfgs) {
-      CK(cudaMemset(y, 0, hy.size() * 2));
       dim3 grid(N / 64, c.s), block(c.nw * 32);
       auto launch = [&](cudaStream_t st) {
         c.fn<<<grid, block, 0, st>>>(x, w, y, ws, wss, cnt, m, K, N, 1e-6f);
       };
-      launch(0);
-      CK(cudaGetLastError());
-      CK(cudaDeviceSynchronize());
-      const float us = timed(launch);  // the second and later launches use the cleared workspace
-      CK(cudaMemset(y, 0, hy.size() * 2));
-      launch(0);
-      CK(cudaDeviceSynchronize());
-      CK(cudaMemcpy(hy.data(), y, hy.size() * 2, cudaMemcpyDeviceToHost));
-      double num = 0, den = 0;
-      for (int r = 0; r < m; r++)
-        for (size_t ci = 0; ci < cols.size(); ci++) {
-          const double d = __half2float(hy[r * N + cols[ci]]) - ref[r * cols.size() + ci];
-          num += d * d;
-          den += ref[r * cols.size() + ci] * ref[r * cols.size() + ci];
-        }
-      const double err = std::sqrt(num / den);
+      const double err = checked(launch, m);
+      const float us = timed(launch);
       printf("  %-36s grid=%3dx%d: %6.1f us  %.2f TB/s  rel err %.1e%s\n", c.name, N / 64, c.s, us,
              mb / us, err, err < 1e-2 ? "" : " WRONG");
     }
