@@ -8,9 +8,8 @@ from typing import Any
 import numpy as np
 
 import yirage as yr
-from yirage import _search
 
-search = getattr(yr, "search", _search.search)
+search = yr.search
 
 #: An H100-like DeviceSpec (a GPU with enough units that the split-KV form pays off).
 H100 = json.dumps(

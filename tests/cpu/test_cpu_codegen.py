@@ -1,6 +1,6 @@
 """The CPU printer: every tile op, accumulator, phase and dtype against float64 numpy.
 
-Plans are hand-written (docs/kernel-plan.md); ``plan_tools.reference`` interprets them in
+Plans are hand-written (docs/kernel-plan.md); ``_plan_ref.run_plan`` interprets them in
 float64 with exact math, so the running-max rewrite of safe-softmax groups is checked too.
 """
 
@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cpu_plan_tools import PLANS, PlanBuilder, off, reference, rel_err
+from _plan_ref import rel_err, run_plan
+from cpu_plan_tools import PLANS, PlanBuilder, off
 
 from yirage_cpu import _codegen, _toolchain
 
@@ -26,7 +27,7 @@ def _check(
     launcher: Any, plan: dict[str, Any], inputs: list[np.ndarray], tol: float = F32_TOL
 ) -> list[Any]:
     outs = launcher(*inputs)
-    refs = reference(plan, [np.asarray(x, dtype=np.float64) for x in inputs])
+    refs = run_plan(plan, [np.asarray(x, dtype=np.float64) for x in inputs])
     assert len(outs) == len(refs)
     for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
         o64 = np.asarray(o, dtype=np.float64)
@@ -86,7 +87,7 @@ def test_every_unary_op_in_loop_and_epilogue(build: Any) -> None:
     xin = (np.abs(_rng(2).standard_normal((16, 64))) + 0.25).astype(np.float32)
     xin[:, ::3] *= -1.0  # negative values for everything but the sqrt family
     outs = launcher(xin)
-    refs = reference(plan, [xin.astype(np.float64)])
+    refs = run_plan(plan, [xin.astype(np.float64)])
     for i, (name, _) in enumerate(UNARY):
         for j in range(2):
             o, r = np.asarray(outs[2 * i + j], dtype=np.float64), refs[2 * i + j]
@@ -363,7 +364,7 @@ def test_float16_and_bfloat16_buffers(build: Any) -> None:
         ]
         outs = launcher(*ins_t)
         assert outs[0].dtype == tdt and outs[1].dtype == torch.float32
-        refs = reference(plan, [t.to(torch.float64).numpy() for t in ins_t])
+        refs = run_plan(plan, [t.to(torch.float64).numpy() for t in ins_t])
         assert rel_err(outs[1].numpy(), refs[1]) < 1e-5  # fp32 accumulation of exact inputs
         assert rel_err(outs[0].to(torch.float64).numpy(), refs[0]) < tol
         if dtype == "float16":  # numpy holds float16 too
@@ -479,7 +480,7 @@ def test_printed_library_kernels(build: Any) -> None:
     ins = [
         rng.standard_normal(s, dtype=np.float32) for s in ((4, 128, 1024), (1024,), (1, 128, 1024))
     ]
-    refs = reference(plan, [np.asarray(a, dtype=np.float64) for a in ins])
+    refs = run_plan(plan, [np.asarray(a, dtype=np.float64) for a in ins])
     torch = pytest.importorskip("torch")  # bfloat16 outputs need torch tensors
     outs = launcher(*[torch.from_numpy(a) for a in ins])
     for i, (o, r) in enumerate(zip(outs, refs, strict=True)):

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import plans
 import pytest
-from plan_ref import run_plan
+from _plan_ref import run_plan
 
 import yirage as yr
 from yirage_cuda._plan import PlanError, parse_plan

@@ -43,9 +43,8 @@ def small_graph(name: str, dtype: str) -> Any:
 
 def search(*args: Any, **kwargs: Any) -> Any:
     import yirage as yr
-    from yirage import _search
 
-    return getattr(yr, "search", _search.search)(*args, **kwargs)
+    return yr.search(*args, **kwargs)
 
 
 def candidates(interp: Any, name: str, dtype: str) -> list[Any]:

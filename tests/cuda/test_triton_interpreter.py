@@ -1,6 +1,6 @@
 """Every generated Triton kernel of the fixture plans runs in the Triton interpreter (CPU
 tensors, no GPU) through the backend's codegen → compile → load, and matches float64
-references: the workload's own formula and the plan executed by plan_ref."""
+references: the workload's own formula and the plan executed by _plan_ref."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import plans
 import pytest
+from _plan_ref import run_plan
 from conftest import needs_triton
-from plan_ref import run_plan
 
 pytestmark = needs_triton
 

@@ -2,8 +2,8 @@
 
 It runs every generated kernel block by block and iteration by iteration with exact math
 (no safe-softmax shift: the shift cancels mathematically), and library kernels with numpy.
-Tests use it to check that the fixture plans compute their workload, independently of the
-CUDA printers.
+The CPU and CUDA tests share it to check that plans (hand-built or searched) compute their
+workload, independently of any printer. ``rel_err`` is the relative Frobenius error they report.
 """
 
 from __future__ import annotations
@@ -171,6 +171,7 @@ def run_library(k: dict[str, Any], bufs: dict[int, np.ndarray]) -> None:
 
 
 def run_plan(plan: dict[str, Any], inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Outputs of ``plan`` on ``inputs`` computed in float64."""
     bufs: dict[int, np.ndarray] = {}
     for b in plan["buffers"]:
         if b["role"] == "input":
@@ -184,3 +185,9 @@ def run_plan(plan: dict[str, Any], inputs: list[np.ndarray]) -> list[np.ndarray]
             run_generated(k, bufs)
     outs = sorted((b for b in plan["buffers"] if b["role"] == "output"), key=lambda b: b["index"])
     return [bufs[b["id"]] for b in outs]
+
+
+def rel_err(actual: Any, expected: np.ndarray) -> float:
+    a = np.asarray(actual, dtype=np.float64)
+    denom = np.linalg.norm(expected)
+    return float(np.linalg.norm(a - expected) / (denom if denom > 0 else 1.0))
