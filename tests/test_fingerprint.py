@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from _graphs import rmsnorm_linear, rmsnorm_linear_ugraph
 
@@ -86,6 +87,33 @@ def test_one_op_change_disagrees() -> None:
         lambda g, a, b, c: g.exp(g.sub(a, c)),
     ):
         assert not yr.equivalent(base, _graph3(other))
+
+
+def _two_attention_layers(first_keys: int) -> yr.KernelGraph:
+    """softmax(softmax(Q·Kᵢᵀ)·V·K₂ᵀ)·V: the second softmax exps values computed from exps."""
+    g = yr.new_kernel_graph()
+    q = g.new_input((4, 8), dtype=yr.float32)
+    ks = [g.new_input((8, 6), dtype=yr.float32) for _ in range(2)]
+    v = g.new_input((6, 8), dtype=yr.float32)
+    h = g.matmul(g.softmax(g.matmul(q, ks[first_keys]), dim=1), v)
+    g.mark_output(g.matmul(g.softmax(g.matmul(h, ks[1]), dim=1), v))
+    return g
+
+
+def test_exps_of_exps_tell_their_arguments_apart(rng: np.random.Generator) -> None:
+    right, wrong = _two_attention_layers(0), _two_attention_layers(1)
+    xs = [rng.standard_normal(d) for d in ((4, 8), (8, 6), (8, 6), (6, 8))]
+    assert not np.allclose(right.evaluate(xs)[0], wrong.evaluate(xs)[0])  # different functions
+    assert not yr.equivalent(right, wrong)
+    assert yr.equivalent(right, _two_attention_layers(0))
+    assert not yr.equivalent(
+        _graph3(lambda g, a, b, c: g.exp(g.exp(a))), _graph3(lambda g, a, b, c: g.exp(g.exp(b)))
+    )
+    # equal inner values give equal outer exps
+    assert yr.equivalent(
+        _graph3(lambda g, a, b, c: g.exp(g.mul(g.exp(a), g.exp(b)))),
+        _graph3(lambda g, a, b, c: g.exp(g.exp(g.add(a, b)))),
+    )
 
 
 def test_uninterpreted_ops_are_consistent_functions() -> None:

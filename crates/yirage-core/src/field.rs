@@ -8,6 +8,12 @@
 //! g = 4 is a quadratic residue ≠ 1 mod p; the residues form the subgroup of prime order q,
 //! so g has order q and `b ↦ g^b` is a homomorphism (Z_q, +) → (Z_p^*, ·).
 //!
+//! The q-part is a value's residue mod q, needed only as an exponent. An exp's output has no
+//! known residue mod q (g^b is known mod p alone), so its q-part, and that of everything
+//! computed from it, is the marker [`UNKNOWN_Q`]: such values are compared by their p-part,
+//! and an exp of one is modelled by the fingerprint domain as g^h with h a seeded random
+//! function of its p-part (sound; exact again for exps of exp-free values).
+//!
 //! Scalars enter exactly through the **dyadic embedding**: a finite f64 is m·2^e with m an
 //! integer (|m| < 2^53); it maps to m·2^e in each field, with 2^e for e < 0 computed as
 //! (2⁻¹)^|e|. Distinct dyadic rationals map to distinct field elements except with
@@ -22,21 +28,36 @@ pub const G: u64 = 4;
 /// Number of products a u64 accumulator may hold before a reduction.
 pub const LAZY_TERMS: usize = 4096;
 
-/// An element of Z_p × Z_q (equivalently one residue mod p·q by CRT).
+/// The q-part of a value whose residue mod q is unknown (an exp's output and everything
+/// computed from it). Reduced q-parts are < Q < 2^25, so the marker's top bit tells them apart.
+pub const UNKNOWN_Q: u32 = u32::MAX;
+
+/// An element of Z_p × Z_q (equivalently one residue mod p·q by CRT), or of Z_p alone when
+/// `q` is [`UNKNOWN_Q`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Fv {
     pub p: u32,
     pub q: u32,
 }
 
+/// `f(a, b)` on two q-parts, or [`UNKNOWN_Q`] when either is unknown.
+#[inline]
+fn q_op(a: u32, b: u32, f: impl FnOnce(u64, u64) -> u64) -> u32 {
+    if a == UNKNOWN_Q || b == UNKNOWN_Q {
+        UNKNOWN_Q
+    } else {
+        (f(a as u64, b as u64) % Q) as u32
+    }
+}
+
 impl std::ops::Add for Fv {
     type Output = Fv;
     fn add(self, o: Fv) -> Fv {
         // operands are reduced: one conditional subtraction instead of a division
-        let (p, q) = (self.p + o.p, self.q + o.q);
+        let p = self.p + o.p;
         Fv {
             p: if p >= P as u32 { p - P as u32 } else { p },
-            q: if q >= Q as u32 { q - Q as u32 } else { q },
+            q: q_op(self.q, o.q, |a, b| a + b),
         }
     }
 }
@@ -44,10 +65,10 @@ impl std::ops::Add for Fv {
 impl std::ops::Sub for Fv {
     type Output = Fv;
     fn sub(self, o: Fv) -> Fv {
-        Fv::new(
-            self.p as u64 + P - o.p as u64,
-            self.q as u64 + Q - o.q as u64,
-        )
+        Fv {
+            p: ((self.p as u64 + P - o.p as u64) % P) as u32,
+            q: q_op(self.q, o.q, |a, b| a + Q - b),
+        }
     }
 }
 
@@ -61,7 +82,10 @@ impl std::ops::Neg for Fv {
 impl std::ops::Mul for Fv {
     type Output = Fv;
     fn mul(self, o: Fv) -> Fv {
-        Fv::new(self.p as u64 * o.p as u64, self.q as u64 * o.q as u64)
+        Fv {
+            p: ((self.p as u64 * o.p as u64) % P) as u32,
+            q: q_op(self.q, o.q, |a, b| a * b),
+        }
     }
 }
 
@@ -113,26 +137,45 @@ impl Fv {
             v.rem_euclid(Q as i128) as u64,
         )
     }
+    /// Whether the residue mod q is known (the value does not depend on an exp's output).
+    pub fn q_known(self) -> bool {
+        self.q != UNKNOWN_Q
+    }
+    /// `f` on the p-part and (when known) the q-part, each with its own modulus.
+    fn map_parts(self, f: impl Fn(u64, u64) -> u64) -> Fv {
+        Fv {
+            p: f(self.p as u64, P) as u32,
+            q: if self.q_known() {
+                f(self.q as u64, Q) as u32
+            } else {
+                UNKNOWN_Q
+            },
+        }
+    }
     /// Componentwise inverse (0 ↦ 0).
     pub fn inv(self) -> Fv {
-        Fv::new(inv_mod(self.p as u64, P), inv_mod(self.q as u64, Q))
+        self.map_parts(inv_mod)
     }
-    /// exp((a, b)) = (g^b mod p, 1). The q-part carries no information afterwards, so exp of
-    /// an exp's output only depends on the constant 1 (information is lost, soundly).
-    pub fn exp(self) -> Fv {
-        Fv::new(pow_mod(G, self.q as u64, P), 1)
+    /// exp((a, b)) = (g^b mod p, unknown), or `None` when b is unknown (the caller models that
+    /// exp as an uninterpreted exponent).
+    pub fn exp(self) -> Option<Fv> {
+        self.q_known().then(|| Fv::exp_of_exponent(self.q as u64))
+    }
+    /// (g^e mod p, unknown): an exp's output for the exponent e mod q.
+    pub fn exp_of_exponent(e: u64) -> Fv {
+        Fv {
+            p: pow_mod(G, e % Q, P) as u32,
+            q: UNKNOWN_Q,
+        }
     }
     /// sqrt((a, b)) = (a^((p+1)/4), b^((q+1)/4)): a multiplicative function that is a square
     /// root on quadratic residues, so sqrt(xy) = sqrt(x)·sqrt(y) holds exactly.
     pub fn sqrt(self) -> Fv {
-        Fv::new(
-            pow_mod(self.p as u64, (P + 1) / 4, P),
-            pow_mod(self.q as u64, (Q + 1) / 4, Q),
-        )
+        self.map_parts(|v, m| pow_mod(v, (m + 1) / 4, m))
     }
     /// Integer power by a non-negative exponent.
     pub fn powi(self, e: u64) -> Fv {
-        Fv::new(pow_mod(self.p as u64, e, P), pow_mod(self.q as u64, e, Q))
+        self.map_parts(|v, m| pow_mod(v, e, m))
     }
 
     /// Dyadic embedding of a finite f64 (see module doc). Non-finite values map to 0
@@ -225,7 +268,7 @@ mod tests {
         assert_eq!(-a + a, Fv::ZERO);
         assert_eq!(Fv::ZERO.inv(), Fv::ZERO);
         // exp is a homomorphism on the q-part
-        assert_eq!((a + b).exp(), a.exp() * b.exp());
+        assert_eq!((a + b).exp(), Some(a.exp().unwrap() * b.exp().unwrap()));
         // sqrt is multiplicative and a square root of squares up to sign
         assert_eq!((a * b).sqrt(), a.sqrt() * b.sqrt());
         let s = (a * a).sqrt();
@@ -250,5 +293,30 @@ mod tests {
             Fv::from_f64(f64::MIN_POSITIVE / 4.0) * Fv::from_f64(4.0),
             Fv::from_f64(f64::MIN_POSITIVE)
         );
+    }
+
+    #[test]
+    fn unknown_residues_propagate() {
+        let a = Fv::new(12345, 678);
+        let e = a.exp().unwrap();
+        assert!(!e.q_known() && a.q_known());
+        // an exp's output has no residue mod q: everything computed from it has none either
+        for v in [
+            e + a,
+            a + e,
+            e - a,
+            a - e,
+            e * a,
+            a / e,
+            e.inv(),
+            e.sqrt(),
+            e.powi(3),
+        ] {
+            assert!(!v.q_known(), "{v:?}");
+        }
+        assert_eq!(e.exp(), None);
+        // the p-part still computes exactly
+        assert_eq!((e * a).p as u64, e.p as u64 * a.p as u64 % P);
+        assert_eq!((e - e).p, 0);
     }
 }

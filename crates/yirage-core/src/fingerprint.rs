@@ -7,7 +7,9 @@
 //! trial and output element (in practice far less).
 //!
 //! Exact ops (modelled by their algebra): add, sub, mul, neg, square, mul_scalar (dyadic
-//! embedding of the scalar), div (multiplication by the inverse, 0⁻¹ := 0), exp (g^b),
+//! embedding of the scalar), div (multiplication by the inverse, 0⁻¹ := 0), exp (g^b for a
+//! value (a, b); an exp of a value computed from another exp's output has no known b and
+//! is g^h(a) with h seeded, see [`crate::field`]),
 //! sqrt (multiplicative modular square root), rsqrt (inverse of sqrt), matmul, reductions,
 //! rms_norm, softmax, concat/chunk, accumulators (sums of the same field ops; means
 //! multiply by N⁻¹).
@@ -28,12 +30,16 @@ use crate::dense::Dense;
 use crate::domain::Domain;
 use crate::error::{eval_err, shape_err, CoreError, Result};
 use crate::exec::run_kernel_graph_ranks_on;
-use crate::field::{fv_from_key, mix64, mix_words, Fv, G, LAZY_TERMS, P, Q};
+use crate::field::{fv_from_key, mix64, mix_words, Fv, G, LAZY_TERMS, P, Q, UNKNOWN_Q};
 use crate::kernel_graph::KernelGraph;
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::shape::{fmt_dims, numel, Dims};
 use crate::DType;
 use rayon::prelude::*;
+
+/// Name of the fingerprint scheme: digests (and search results verified by them) of two
+/// schemes are not comparable. v2: unknown residues mod q after an exp.
+pub const FINGERPRINT_SCHEME: &str = "yirage.fingerprint.v2";
 
 /// The field domain for one trial (the trial key seeds the uninterpreted functions).
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +84,8 @@ fn uf_tag(op: &UnaryOp) -> u64 {
     }
 }
 const POW_TAG: u64 = 7;
+/// Tag of the random exponent of an exp whose argument's residue mod q is unknown.
+const EXP_TAG: u64 = 8;
 
 impl Domain for FieldDomain {
     type V = Fv;
@@ -110,7 +118,14 @@ impl Domain for FieldDomain {
     }
     fn unary_fn<'a>(&'a self, op: UnaryOp) -> Box<dyn Fn(Fv) -> Fv + Send + Sync + 'a> {
         match op {
-            UnaryOp::Exp => Box::new(Fv::exp),
+            UnaryOp::Exp => {
+                // exact for an exponent known mod q; otherwise g^h(p-part), h seeded
+                let key = self.uf_key(EXP_TAG, &[]);
+                Box::new(move |x: Fv| {
+                    x.exp()
+                        .unwrap_or_else(|| Fv::exp_of_exponent(mix64(key ^ x.p as u64)))
+                })
+            }
             UnaryOp::Square => Box::new(|x: Fv| x * x),
             UnaryOp::Sqrt => Box::new(Fv::sqrt),
             UnaryOp::Rsqrt => Box::new(|x: Fv| x.sqrt().inv()),
@@ -135,21 +150,23 @@ impl Domain for FieldDomain {
         }
     }
     fn sum(&self, n: usize, f: impl Fn(usize) -> Fv) -> Fv {
-        // each term < 2^26: a u64 holds 2^38 of them, reduce at the end
-        let (mut sp, mut sq) = (0u64, 0u64);
+        // each term < 2^26: a u64 holds 2^38 of them, reduce at the end (an unknown q-part
+        // is u32::MAX: it sets `unknown`'s top bit, and its sum is discarded)
+        let (mut sp, mut sq, mut unknown) = (0u64, 0u64, 0u32);
         for i in 0..n {
             let v = f(i);
             sp += v.p as u64;
-            sq += v.q as u64;
+            sq = sq.wrapping_add(v.q as u64);
+            unknown |= v.q;
             if i % (1 << 30) == (1 << 30) - 1 {
                 sp %= P;
                 sq %= Q;
             }
         }
-        Fv::new(sp, sq)
+        with_q(sp, sq, unknown)
     }
     fn dot(&self, n: usize, f: impl Fn(usize) -> (Fv, Fv)) -> Fv {
-        let (mut tp, mut tq) = (0u64, 0u64);
+        let (mut tp, mut tq, mut unknown) = (0u64, 0u64, 0u32);
         let mut start = 0;
         while start < n {
             let end = (start + LAZY_TERMS).min(n);
@@ -157,13 +174,26 @@ impl Domain for FieldDomain {
             for i in start..end {
                 let (a, b) = f(i);
                 sp += a.p as u64 * b.p as u64;
-                sq += a.q as u64 * b.q as u64;
+                // wraps only when a q-part is unknown (u32::MAX), and then it is discarded
+                sq = sq.wrapping_add((a.q as u64).wrapping_mul(b.q as u64));
+                unknown |= a.q | b.q;
             }
             tp = (tp + sp % P) % P;
             tq = (tq + sq % Q) % Q;
             start = end;
         }
-        Fv::new(tp, tq)
+        with_q(tp, tq, unknown)
+    }
+}
+
+/// (p mod P, q mod Q), or with an unknown q-part when `unknown` has the marker's top bit
+/// (an OR of the terms' q-parts: reduced ones are < 2^25).
+fn with_q(p: u64, q: u64, unknown: u32) -> Fv {
+    let v = Fv::new(p, q);
+    if unknown >> 31 == 1 {
+        Fv { q: UNKNOWN_Q, ..v }
+    } else {
+        v
     }
 }
 
@@ -328,7 +358,7 @@ pub fn fingerprint(
 ) -> Result<String> {
     let vals = with_threads(threads, || fingerprint_values(g, trials, seed))?;
     let mut h = blake3::Hasher::new();
-    h.update(b"yirage.fingerprint.v1");
+    h.update(FINGERPRINT_SCHEME.as_bytes());
     for w in [P, Q, G, trials as u64, seed, g.outputs().len() as u64] {
         h.update(&w.to_le_bytes());
     }

@@ -1,4 +1,4 @@
-//! Canonical JSON form and content hash of kernel graphs.
+//! JSON form, canonical form and content hash of kernel graphs.
 //!
 //! The document is a versioned envelope
 //! `{"format":"yirage.kernel_graph","version":1,"ops":[…],"outputs":[…]}`; each op is an
@@ -8,8 +8,10 @@
 //! byte-identical. `from_json` replays the ops through the validating builders, so a
 //! hand-edited document can only yield a well-formed graph or an error.
 //!
-//! The hash is the blake3 hex digest of the canonical JSON bytes: platform independent
-//! (no Rust struct layout, no HashMap order involved).
+//! [`to_json`] lists the ops as they were built; [`canonical_json`] lists the same graph in
+//! one order whatever the construction order, without the ops no output depends on. The
+//! hash is the blake3 hex digest of the canonical form: platform independent (no Rust struct
+//! layout, no HashMap order involved).
 
 use crate::block_graph::{BlockGraph, BlockOpKind};
 use crate::dtype::DType;
@@ -240,85 +242,170 @@ fn block_doc(g: &BlockGraph) -> BlockGraphDoc {
     }
 }
 
-/// Canonical JSON of a kernel graph.
+/// The document of one op, its operands written as `t(operand)`.
+fn op_doc(kind: &KernelOpKind, t: impl Fn(usize) -> u64) -> KernelOpDoc {
+    match kind {
+        KernelOpKind::Input { dims, dtype } => KernelOpDoc::Input {
+            dims: dims_i(dims),
+            dtype: dtype.name().into(),
+        },
+        KernelOpKind::Matmul { a, b } => KernelOpDoc::Matmul { a: t(*a), b: t(*b) },
+        KernelOpKind::Unary { op, x } => KernelOpDoc::Unary {
+            kind: op.name().into(),
+            x: t(*x),
+            params: op.params(),
+        },
+        KernelOpKind::Binary { op, a, b } => KernelOpDoc::Binary {
+            kind: op.name().into(),
+            a: t(*a),
+            b: t(*b),
+        },
+        KernelOpKind::Reduction { x, dim } => KernelOpDoc::Reduction {
+            x: t(*x),
+            dim: *dim as i64,
+        },
+        KernelOpKind::RmsNorm {
+            x,
+            normalized_shape,
+            weight,
+            eps,
+        } => KernelOpDoc::RmsNorm {
+            x: t(*x),
+            normalized_shape: dims_i(normalized_shape),
+            weight: weight.map(t),
+            eps: *eps,
+        },
+        KernelOpKind::Softmax { x, dim } => KernelOpDoc::Softmax {
+            x: t(*x),
+            dim: *dim as i64,
+        },
+        KernelOpKind::Concat { xs, dim } => KernelOpDoc::Concat {
+            xs: xs.iter().map(|&x| t(x)).collect(),
+            dim: *dim as i64,
+        },
+        KernelOpKind::Chunk {
+            x,
+            chunks,
+            dim,
+            index,
+        } => KernelOpDoc::Chunk {
+            x: t(*x),
+            chunks: *chunks as i64,
+            dim: *dim as i64,
+            index: *index as i64,
+        },
+        KernelOpKind::Customized { inputs, graph } => KernelOpDoc::Customized {
+            inputs: inputs.iter().map(|&x| t(x)).collect(),
+            block_graph: block_doc(graph),
+        },
+        KernelOpKind::AllReduce { x } => KernelOpDoc::AllReduce { x: t(*x) },
+    }
+}
+
+/// JSON of a kernel graph as built: its ops in construction order (a byte-identical round
+/// trip through [`from_json`]).
 pub fn to_json(g: &KernelGraph) -> String {
     let ops = g
         .ops()
         .iter()
-        .map(|op| match &op.kind {
-            KernelOpKind::Input { dims, dtype } => KernelOpDoc::Input {
-                dims: dims_i(dims),
-                dtype: dtype.name().into(),
-            },
-            KernelOpKind::Matmul { a, b } => KernelOpDoc::Matmul {
-                a: *a as u64,
-                b: *b as u64,
-            },
-            KernelOpKind::Unary { op, x } => KernelOpDoc::Unary {
-                kind: op.name().into(),
-                x: *x as u64,
-                params: op.params(),
-            },
-            KernelOpKind::Binary { op, a, b } => KernelOpDoc::Binary {
-                kind: op.name().into(),
-                a: *a as u64,
-                b: *b as u64,
-            },
-            KernelOpKind::Reduction { x, dim } => KernelOpDoc::Reduction {
-                x: *x as u64,
-                dim: *dim as i64,
-            },
-            KernelOpKind::RmsNorm {
-                x,
-                normalized_shape,
-                weight,
-                eps,
-            } => KernelOpDoc::RmsNorm {
-                x: *x as u64,
-                normalized_shape: dims_i(normalized_shape),
-                weight: weight.map(|w| w as u64),
-                eps: *eps,
-            },
-            KernelOpKind::Softmax { x, dim } => KernelOpDoc::Softmax {
-                x: *x as u64,
-                dim: *dim as i64,
-            },
-            KernelOpKind::Concat { xs, dim } => KernelOpDoc::Concat {
-                xs: ids(xs),
-                dim: *dim as i64,
-            },
-            KernelOpKind::Chunk {
-                x,
-                chunks,
-                dim,
-                index,
-            } => KernelOpDoc::Chunk {
-                x: *x as u64,
-                chunks: *chunks as i64,
-                dim: *dim as i64,
-                index: *index as i64,
-            },
-            KernelOpKind::Customized { inputs, graph } => KernelOpDoc::Customized {
-                inputs: ids(inputs),
-                block_graph: block_doc(graph),
-            },
-            KernelOpKind::AllReduce { x } => KernelOpDoc::AllReduce { x: *x as u64 },
-        })
+        .map(|op| op_doc(&op.kind, |x| x as u64))
         .collect();
+    doc_json(g, ops, ids(g.outputs()))
+}
+
+fn doc_json(g: &KernelGraph, ops: Vec<KernelOpDoc>, outputs: Vec<u64>) -> String {
     let doc = KernelGraphDoc {
         format: FORMAT.into(),
         version: VERSION,
         world_size: g.world_size() as u64,
         ops,
-        outputs: ids(g.outputs()),
+        outputs,
     };
     // Serialising plain structs of strings/ints/finite floats cannot fail.
     serde_json::to_string(&doc).unwrap_or_default()
 }
 
-/// Content hash: blake3 hex digest of the canonical JSON.
+/// The canonical JSON of a kernel graph: one document for every construction of the same
+/// graph. The inputs come first in their order (they are the signature), then the ops that
+/// an output depends on, in a topological order fixed by their content (each op keyed by
+/// its own fields and its operands' keys); ops no output depends on are left out.
+pub fn canonical_json(g: &KernelGraph) -> String {
+    let ops = g.ops();
+    let producer = {
+        let mut p = vec![0usize; g.num_tensors()];
+        for (i, op) in ops.iter().enumerate() {
+            for &o in &op.outs {
+                p[o] = i;
+            }
+        }
+        p
+    };
+    let mut live: Vec<bool> = ops
+        .iter()
+        .map(|op| matches!(op.kind, KernelOpKind::Input { .. }))
+        .collect();
+    let mut stack: Vec<usize> = g.outputs().iter().map(|&o| producer[o]).collect();
+    while let Some(i) = stack.pop() {
+        if !live[i] {
+            live[i] = true;
+            stack.extend(ops[i].kind.operands().iter().map(|&x| producer[x]));
+        }
+    }
+    // content keys: an input by its position, any other op by its document with operands
+    // replaced by their keys (ops are stored in a topological order)
+    let mut tensor_key = vec![0u64; g.num_tensors()];
+    let mut op_key = vec![0u64; ops.len()];
+    let mut inputs_seen = 0u64;
+    for (i, op) in ops.iter().enumerate() {
+        let key = if matches!(op.kind, KernelOpKind::Input { .. }) {
+            inputs_seen += 1;
+            inputs_seen - 1
+        } else {
+            let doc = serde_json::to_string(&op_doc(&op.kind, |x| tensor_key[x]));
+            let digest = blake3::hash(doc.unwrap_or_default().as_bytes());
+            u64::from_le_bytes(digest.as_bytes()[..8].try_into().unwrap_or_default())
+        };
+        op_key[i] = key;
+        for (j, &o) in op.outs.iter().enumerate() {
+            tensor_key[o] = crate::field::mix_words(&[key, j as u64]);
+        }
+    }
+    // Kahn's algorithm: inputs in order, then the ready live op of the smallest key
+    let mut order: Vec<usize> = (0..ops.len())
+        .filter(|&i| matches!(ops[i].kind, KernelOpKind::Input { .. }))
+        .collect();
+    let mut done = vec![false; ops.len()];
+    for &i in &order {
+        done[i] = true;
+    }
+    loop {
+        let ready = (0..ops.len())
+            .filter(|&i| live[i] && !done[i])
+            .filter(|&i| ops[i].kind.operands().iter().all(|&x| done[producer[x]]))
+            .min_by_key(|&i| (op_key[i], i));
+        let Some(i) = ready else { break };
+        done[i] = true;
+        order.push(i);
+    }
+    let mut new_id = vec![0u64; g.num_tensors()];
+    let mut next = 0u64;
+    let mut docs = Vec::with_capacity(order.len());
+    for &i in &order {
+        docs.push(op_doc(&ops[i].kind, |x| new_id[x]));
+        for &o in &ops[i].outs {
+            new_id[o] = next;
+            next += 1;
+        }
+    }
+    let outputs = g.outputs().iter().map(|&o| new_id[o]).collect();
+    doc_json(g, docs, outputs)
+}
+
+/// Content hash: blake3 hex digest of the [`canonical_json`].
 pub fn hash(g: &KernelGraph) -> String {
-    blake3::hash(to_json(g).as_bytes()).to_hex().to_string()
+    blake3::hash(canonical_json(g).as_bytes())
+        .to_hex()
+        .to_string()
 }
 
 fn id(v: u64) -> usize {
@@ -508,5 +595,61 @@ mod tests {
         );
         let bad = j.replace("\"world_size\":4", "\"world_size\":0");
         assert_eq!(from_json(&bad).unwrap_err().kind(), ErrorKind::Graph);
+    }
+
+    /// exp(a) and square(b) added, built in either order, optionally with an unused tanh.
+    fn two_branches(exp_first: bool, dead_op: bool) -> KernelGraph {
+        let mut g = KernelGraph::new();
+        let a = g.new_input(&[4, 8], DType::F32).unwrap();
+        let b = g.new_input(&[4, 8], DType::F32).unwrap();
+        let (e, q) = if exp_first {
+            let e = g.unary(UnaryOp::Exp, a).unwrap();
+            (e, g.unary(UnaryOp::Square, b).unwrap())
+        } else {
+            let q = g.unary(UnaryOp::Square, b).unwrap();
+            (g.unary(UnaryOp::Exp, a).unwrap(), q)
+        };
+        if dead_op {
+            g.unary(UnaryOp::Tanh, e).unwrap();
+        }
+        let o = g.binary(BinaryOp::Add, e, q).unwrap();
+        g.mark_output(o).unwrap();
+        g
+    }
+
+    #[test]
+    fn one_canonical_form_per_graph() {
+        let base = two_branches(true, false);
+        for other in [
+            two_branches(false, false),
+            two_branches(true, true),
+            two_branches(false, true),
+        ] {
+            assert_ne!(to_json(&other), to_json(&base)); // built differently
+            assert_eq!(canonical_json(&other), canonical_json(&base));
+            assert_eq!(hash(&other), hash(&base));
+        }
+        // the canonical form is a graph of its own, and its own canonical form
+        let canon = from_json(&canonical_json(&base)).unwrap();
+        assert_eq!(canonical_json(&canon), canonical_json(&base));
+        // input order is the signature: swapping the inputs' roles is another graph
+        let mut swapped = KernelGraph::new();
+        let a = swapped.new_input(&[4, 8], DType::F32).unwrap();
+        let b = swapped.new_input(&[4, 8], DType::F32).unwrap();
+        let e = swapped.unary(UnaryOp::Exp, b).unwrap();
+        let q = swapped.unary(UnaryOp::Square, a).unwrap();
+        let o = swapped.binary(BinaryOp::Add, e, q).unwrap();
+        swapped.mark_output(o).unwrap();
+        assert_ne!(hash(&swapped), hash(&base));
+    }
+
+    /// The hash is part of every cache key: a change of it on any build or platform must be
+    /// deliberate (update this value and say so in the changelog).
+    #[test]
+    fn the_hash_of_a_known_graph_is_pinned() {
+        assert_eq!(
+            hash(&two_branches(true, false)),
+            "56835c74de761402a4b442583cde86337442d880d623a8ab539a48506cf7183d"
+        );
     }
 }

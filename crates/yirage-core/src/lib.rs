@@ -31,7 +31,7 @@ pub use block_graph::BlockGraph;
 pub use dense::{Dense, Tensor};
 pub use dtype::DType;
 pub use error::{CoreError, ErrorKind, Result};
-pub use fingerprint::{equivalent, fingerprint};
+pub use fingerprint::{equivalent, fingerprint, FINGERPRINT_SCHEME};
 pub use kernel_graph::KernelGraph;
 pub use ops::{AccumKind, BinaryOp, UnaryOp};
 pub use reference::evaluate;

@@ -166,6 +166,43 @@ fn two_inputs(
     g
 }
 
+/// An exp of a value computed from another exp: its argument has no known residue mod q,
+/// so it is modelled by a seeded exponent of the argument's p-part (not a constant).
+#[test]
+fn nested_exps_tell_their_arguments_apart() {
+    use BinaryOp::*;
+    let exp2 = |pick: usize| {
+        two_inputs(move |g, a, b, _| {
+            let e = g.unary(UnaryOp::Exp, [a, b][pick]).unwrap();
+            g.unary(UnaryOp::Exp, e).unwrap()
+        })
+    };
+    assert!(!equivalent(&exp2(0), &exp2(1), 2, 0).unwrap());
+    assert!(equivalent(&exp2(0), &exp2(0), 2, 0).unwrap());
+    // exp(x + exp(a)) with x = b vs c: the inner exp only shifts the outer exponent
+    let shifted = |pick: usize| {
+        two_inputs(move |g, a, b, c| {
+            let e = g.unary(UnaryOp::Exp, a).unwrap();
+            let s = g.binary(Add, [b, c][pick], e).unwrap();
+            g.unary(UnaryOp::Exp, s).unwrap()
+        })
+    };
+    assert!(!equivalent(&shifted(0), &shifted(1), 2, 0).unwrap());
+    // exp(exp(a)·exp(b)) == exp(exp(a + b)): equal inner values give equal outer ones
+    let of_prod = two_inputs(|g, a, b, _| {
+        let ea = g.unary(UnaryOp::Exp, a).unwrap();
+        let eb = g.unary(UnaryOp::Exp, b).unwrap();
+        let m = g.binary(Mul, ea, eb).unwrap();
+        g.unary(UnaryOp::Exp, m).unwrap()
+    });
+    let of_sum = two_inputs(|g, a, b, _| {
+        let s = g.binary(Add, a, b).unwrap();
+        let e = g.unary(UnaryOp::Exp, s).unwrap();
+        g.unary(UnaryOp::Exp, e).unwrap()
+    });
+    assert!(equivalent(&of_prod, &of_sum, 2, 0).unwrap());
+}
+
 #[test]
 fn algebraic_identities() {
     use BinaryOp::*;

@@ -580,6 +580,7 @@ fn field_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", yirage_core::VERSION)?;
+    m.add("FINGERPRINT_SCHEME", yirage_core::FINGERPRINT_SCHEME)?;
     m.add("YirageError", py.get_type::<YirageError>())?;
     m.add("ShapeError", py.get_type::<ShapeError>())?;
     m.add("DTypeError", py.get_type::<DTypeError>())?;

@@ -17,7 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import final
 
 __version__: str
+#: Name of the fingerprint scheme (digests of two schemes are not comparable).
+FINGERPRINT_SCHEME: str
 __all__ = [
+    "FINGERPRINT_SCHEME",
     "BlockGraph",
     "DTypeError",
     "EvaluationError",

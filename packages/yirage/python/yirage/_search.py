@@ -7,8 +7,9 @@ backend to a DeviceSpec, builds the options, and caches results on disk:
 
 * cache entry ``<cache root>/v1/search/<key>.json`` (``yirage._cache``: root from
   ``YIRAGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/yirage``, else ``~/.cache/yirage``);
-* the key hashes the named parts ``graph_hash``, ``core_version``, ``search_config``
-  (every option that changes the result, and the DeviceSpec) and ``backend``;
+* the key hashes the named parts ``graph_hash``, ``core_version``, ``fingerprint_scheme``,
+  ``search_config`` (every option that changes the result, and the DeviceSpec) and
+  ``backend``;
 * writes are atomic and serialised by a per-entry lock file; a corrupt entry is reported
   with a warning and rebuilt; a second identical call is answered from the entry
   (``report.cache_hit``) in well under 0.1 s.
@@ -396,6 +397,7 @@ def _cache_path(graph: KernelGraph, backend: str, spec_json: str, config_json: s
     parts = {
         "graph_hash": graph._g.hash(),
         "core_version": str(_core.__version__),
+        "fingerprint_scheme": _core.FINGERPRINT_SCHEME,
         "search_config": json.dumps({"config": cfg, "device_spec": spec_json}, sort_keys=True),
         "backend": backend,
     }
