@@ -24,10 +24,11 @@ def _cpu_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def simd_bits() -> int:
+    """The width the backend prints for (the DeviceSpec's: it follows the compile flags)."""
     try:
-        from yirage_cpu._device_spec import device_spec
+        from yirage_cpu._backend import CpuBackend
 
-        return int(device_spec().simd_width_bits or 256)
+        return int(CpuBackend().device_spec().simd_width_bits or 256)
     except Exception:
         return 256
 

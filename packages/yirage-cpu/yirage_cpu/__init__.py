@@ -1,4 +1,6 @@
-"""The CPU backend of yirage (probe and DeviceSpec; no code generator yet).
+"""The CPU backend of yirage: probe, live DeviceSpec, and a code generator that prints
+KernelPlans as C11 + OpenMP, builds them with the system C compiler and runs them through
+ctypes on numpy arrays and torch CPU tensors.
 
 yirage finds it through the ``yirage.backends`` entry point, which calls :func:`register`.
 """

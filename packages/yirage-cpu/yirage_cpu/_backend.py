@@ -5,6 +5,7 @@ Verification level: ran on hardware (the generated C runs on the host CPU in CI)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,12 @@ class CpuBackend(Backend):
     compiler, run through ctypes on numpy arrays and torch CPU tensors."""
 
     name = "cpu"
+    #: The plugin API this package was written against (yirage.PLUGIN_API when it was
+    #: built). Declared, not inherited from yirage.Backend: inherited, it would always equal
+    #: the installed meta package's PLUGIN_API and the registry's check could never catch a
+    #: mismatch; declared, a yirage of another major API version refuses this backend with an
+    #: error that names the versions to install.
+    plugin_api = (1, 0)
     distribution = "yirage-cpu"
     verification_level = VerificationLevel.HARDWARE
     #: File suffix of the generated source (used when a kernel is saved).
@@ -53,19 +60,27 @@ class CpuBackend(Backend):
         return _probe.probe()
 
     def device_spec(self) -> DeviceSpec:
+        """The live spec; ``simd_width_bits`` is the width generated code is compiled for
+        (:func:`yirage_cpu._toolchain.host_simd_width_bits`: the detected ISA's with
+        ``-march=native``, 128 bits with the portable flags), so the search's cost model, the
+        cache keys built from the spec and the printer agree with the compile."""
         spec = _device_spec.device_spec()
         if spec is None:
             raise self._unavailable(self.probe().reason)
+        bits = _toolchain.host_simd_width_bits(spec.simd_width_bits)
+        if bits != spec.simd_width_bits:
+            spec = dataclasses.replace(spec, simd_width_bits=bits)
         return spec
 
     def known_devices(self) -> dict[str, DeviceSpec]:
         return dict(_device_spec.KNOWN_DEVICES)
 
     def _simd_bits(self) -> int:
+        """The vector width to print for: the DeviceSpec's (which follows the flags)."""
         try:
-            return int(self.device_spec().simd_width_bits or 128)
+            return int(self.device_spec().simd_width_bits or _toolchain.PORTABLE_SIMD_BITS)
         except Exception:
-            return 128
+            return _toolchain.PORTABLE_SIMD_BITS
 
     # -- the pipeline ------------------------------------------------------------------------
     def codegen(self, plan: Any) -> _codegen.CpuSource:
@@ -148,8 +163,9 @@ class CpuBackend(Backend):
     def toolchain(self) -> dict[str, str]:
         """The compiler and flags generated code is built with (raises when there is none)."""
         cc = _toolchain.find_compiler()
-        flags, notes = _toolchain.select_flags(cc, self._simd_bits())
-        info = {"compiler": cc.describe(), "flags": " ".join(flags)}
+        bits = self._simd_bits()
+        flags, notes = _toolchain.select_flags(cc, bits)
+        info = {"compiler": cc.describe(), "flags": " ".join(flags), "simd_width_bits": str(bits)}
         if notes:
             info["notes"] = "; ".join(notes)
         return info

@@ -2,10 +2,11 @@
 
 The plan format is docs/kernel-plan.md. Each generated kernel becomes one C function
 ``int yr_<name>(void **buffers)`` that takes every plan buffer by id. Library kernels of
-the ops in :data:`PRINTED_LIBRARY_OPS` (elementwise, reduction, rms_norm, softmax) are
-printed too, as one parallel pass each (``yr_lib<i>_<op>``); the others (matmul through
-BLAS, concat, chunk, collectives) are run by the runtime through numpy between the C calls,
-in plan order.
+the ops in :data:`PRINTED_LIBRARY_OPS` are printed too (``yr_lib<i>_<op>``): elementwise,
+reduction, rms_norm and softmax as one parallel pass each, matmul as a generated kernel
+(:func:`library_matmul_kernel`; a matmul of a shape that does not fit it runs through numpy).
+The others (concat, chunk, collectives) are run by the runtime through numpy between the C
+calls, in plan order.
 
 How a generated kernel maps onto a CPU:
 

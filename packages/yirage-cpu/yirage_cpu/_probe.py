@@ -1,4 +1,8 @@
-"""CPU probe: the CPU is always there; report the C compiler code generation will use."""
+"""CPU probe: the CPU is always there, but the backend needs a C compiler to build its code.
+
+The probe only resolves the compiler (``$CC``, else ``cc``/``gcc``/``clang`` on ``PATH``) and
+asks it for its version; it compiles nothing. Without a compiler the backend is reported
+unavailable, with the fix in the reason."""
 
 from __future__ import annotations
 
@@ -45,21 +49,41 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+_INSTALL = (
+    "install a C compiler with OpenMP (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install "
+    "gcc; macOS: xcode-select --install and brew install libomp)"
+)
+
+
+def missing_compiler_reason() -> str:
+    """Why there is no compiler, naming the fix (``CC`` set to nothing runnable, or none on
+    ``PATH``)."""
+    cc = os.environ.get("CC", "").strip()
+    if cc:
+        return (
+            f"CC={cc!r} does not name an executable C compiler: fix or unset CC, or {_INSTALL}; "
+            "the CPU backend compiles its kernels with it"
+        )
+    return (
+        f"no C compiler found (tried $CC, {', '.join(_COMPILERS)} on PATH): {_INSTALL} or set "
+        "CC to one; the CPU backend compiles its kernels with it"
+    )
+
+
 def probe() -> ProbeResult:
-    """Never raises."""
+    """Never raises. Available when a C compiler resolves (nothing is compiled)."""
     try:
-        hardware = cpu_model()
-        toolchain: dict[str, str] = {}
+        try:
+            hardware = cpu_model()
+        except Exception:
+            hardware = platform.machine() or "unknown CPU"
         compiler = find_compiler()
-        if compiler is not None:
-            version = Backend._command_version(compiler)
-            toolchain["cc"] = f"{compiler} ({version})" if version else compiler
-            reason = f"CPU always available; C compiler {compiler}"
-        else:
-            reason = (
-                "CPU always available; no C compiler found (set CC or install gcc/clang): "
-                "code generation will need one"
-            )
+        if compiler is None:
+            return ProbeResult(available=False, reason=missing_compiler_reason(), hardware=hardware)
+        toolchain: dict[str, str] = {}
+        version = Backend._command_version(compiler)
+        toolchain["cc"] = f"{compiler} ({version})" if version else compiler
+        reason = f"CPU always available; C compiler {compiler}"
         return ProbeResult(available=True, reason=reason, hardware=hardware, toolchain=toolchain)
     except Exception as exc:  # never raise from a probe
         return ProbeResult(available=True, reason=f"CPU always available (probe detail: {exc})")

@@ -5,11 +5,19 @@ first of ``cc``, ``gcc``, ``clang`` on ``PATH``. Flags: ``-O3 -march=native -fop
 -shared -Wall -Wextra -Werror`` plus ``-std=gnu11 -fno-math-errno`` (the generated code never
 reads ``errno``; the flag lets ``sqrtf`` vectorise). A compiler that rejects
 ``-march=native`` gets the portable flags; one without OpenMP is an error naming the package
-to install.
+to install. Apple clang has no ``-fopenmp`` of its own: it gets ``-Xpreprocessor -fopenmp
+-lomp`` with Homebrew's libomp (``brew --prefix libomp``) or whatever ``CPATH`` and
+``LIBRARY_PATH`` point at.
+
+SIMD width: :func:`simd_width_bits_for` is the one place that decides how wide the printed
+vector types may be — the detected width when the flags target the host (``-march=native``),
+else :data:`PORTABLE_SIMD_BITS`, the width the portable flags guarantee. The CPU DeviceSpec,
+and so the search's cost model, the printer and the cache keys, all take it from there.
 
 Artifacts live in the yirage disk cache (``cpu-so`` entries), keyed by the source hash, the
-compiler identity, the flags, the host CPU, and the versions of the core, yirage-cpu and the
-printer; writes are atomic and locked, so concurrent processes compile once.
+compiler identity, the flags, the vector width they allow, the host CPU, and the versions of
+the core, yirage-cpu and the printer; writes are atomic and locked, so concurrent processes
+compile once.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ from pathlib import Path
 from yirage import _cache
 from yirage._errors import BackendError, BackendUnavailableError
 from yirage_cpu._codegen import CODEGEN_VERSION
+from yirage_cpu._probe import _COMPILERS
 
 __all__ = [
+    "PORTABLE_SIMD_BITS",
     "CompileError",
     "CompiledLibrary",
     "Compiler",
@@ -39,9 +49,13 @@ __all__ = [
     "compile_shared",
     "find_compiler",
     "host_cpu_id",
+    "host_simd_width_bits",
+    "libomp_dirs",
+    "openmp_flags",
+    "simd_width_bits_for",
 ]
 
-_CANDIDATES = ("cc", "gcc", "clang")
+_CANDIDATES = _COMPILERS
 _BASE_FLAGS = (
     "-O3",
     "-fPIC",
@@ -54,7 +68,26 @@ _BASE_FLAGS = (
 )
 _NATIVE = ("-march=native",)
 _OPENMP = ("-fopenmp",)
+#: Apple clang's driver has no OpenMP: the preprocessor takes the pragmas, libomp the runtime.
+_APPLE_OPENMP = ("-Xpreprocessor", "-fopenmp")
+#: Where libomp lives when ``brew`` is not on PATH: (include dir, lib dir) of Homebrew on
+#: Apple silicon, Homebrew on Intel, MacPorts.
+_LIBOMP_DIRS = (
+    ("/opt/homebrew/opt/libomp/include", "/opt/homebrew/opt/libomp/lib"),
+    ("/usr/local/opt/libomp/include", "/usr/local/opt/libomp/lib"),
+    ("/opt/local/include/libomp", "/opt/local/lib/libomp"),
+)
+#: Vector width (bits) code built with the portable flags (no ``-march``) may use: SSE2 is
+#: part of x86-64 and NEON (ASIMD) of AArch64, both 16 bytes; elsewhere GCC and Clang lower
+#: 16-byte generic vectors to what the target has.
+PORTABLE_SIMD_BITS = 128
 _COMPILE_TIMEOUT_S = 600.0
+_APPLE_OPENMP_HINT = (
+    "Apple clang has no OpenMP runtime of its own: install libomp (brew install libomp; "
+    "yirage finds it through `brew --prefix libomp`), or put libomp's include and lib "
+    "directories on CPATH and LIBRARY_PATH, or set CC to a compiler with OpenMP (e.g. "
+    "brew install gcc, then CC=gcc-14)"
+)
 _INSTALL_HINT = (
     "install a C compiler (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc; "
     "macOS: xcode-select --install) or set the CC environment variable to one"
@@ -89,13 +122,19 @@ class CompileError(BackendError):
 
 @dataclass(frozen=True)
 class Compiler:
-    """A C compiler: ``command`` is the argv prefix (launcher + compiler + CC's arguments)."""
+    """A C compiler: ``command`` is the argv prefix (launcher + compiler + CC's arguments);
+    ``kind`` is ``gcc``, ``clang``, ``apple-clang`` (Xcode's, whose version string says
+    "Apple clang") or ``cc``."""
 
     command: tuple[str, ...]
     path: str
     kind: str
     version: str
     from_env: bool = False
+
+    @property
+    def apple_clang(self) -> bool:
+        return self.kind == "apple-clang"
 
     @property
     def ident(self) -> str:
@@ -120,12 +159,14 @@ class CompiledLibrary:
     key: str
     source_path: Path | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The vector width the flags guarantee (:func:`simd_width_bits_for`).
+    simd_width_bits: int | None = None
 
     def toolchain(self) -> dict[str, str]:
-        return {
-            "compiler": self.compiler.describe(),
-            "flags": " ".join(self.flags),
-        }
+        info = {"compiler": self.compiler.describe(), "flags": " ".join(self.flags)}
+        if self.simd_width_bits is not None:
+            info["simd_width_bits"] = str(self.simd_width_bits)
+        return info
 
 
 def _version_of(command: tuple[str, ...]) -> tuple[str, str]:
@@ -147,7 +188,9 @@ def _version_of(command: tuple[str, ...]) -> tuple[str, str]:
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     low = text.lower()
     kind = (
-        "clang"
+        "apple-clang"
+        if "apple clang" in low or "apple llvm" in low
+        else "clang"
         if "clang" in low
         else "gcc"
         if ("gcc" in low or "free software foundation" in low)
@@ -267,6 +310,71 @@ def _try_compile(compiler: Compiler, flags: tuple[str, ...], source: str) -> tup
         return proc.returncode == 0 and out.exists(), (proc.stderr or proc.stdout or "").strip()
 
 
+def libomp_dirs() -> tuple[str, str] | None:
+    """(include dir, lib dir) of libomp for Apple clang: ``brew --prefix libomp`` when
+    ``brew`` is on PATH, else the usual Homebrew / MacPorts places; None when none holds
+    ``omp.h`` (``CPATH`` / ``LIBRARY_PATH`` may still provide it)."""
+    return _libomp_dirs(os.environ.get("PATH", ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _libomp_dirs(path: str) -> tuple[str, str] | None:
+    del path  # part of the memo key: shutil.which() below reads PATH
+    candidates: list[tuple[str, str]] = []
+    brew = shutil.which("brew")
+    if brew is not None:
+        try:
+            prefix = subprocess.run(
+                [brew, "--prefix", "libomp"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            prefix = ""
+        if prefix:
+            candidates.append((f"{prefix}/include", f"{prefix}/lib"))
+    candidates.extend(_LIBOMP_DIRS)
+    for include, lib in candidates:
+        if Path(include, "omp.h").is_file():
+            return include, lib
+    return None
+
+
+def openmp_flags(compiler: Compiler) -> tuple[str, ...]:
+    """The flags that build and link OpenMP code with ``compiler``: ``-fopenmp``, or for Apple
+    clang ``-Xpreprocessor -fopenmp`` + libomp's include and lib dirs (with an rpath, so the
+    shared object finds ``libomp.dylib`` when loaded) + ``-lomp``."""
+    if not compiler.apple_clang:
+        return _OPENMP
+    dirs = libomp_dirs()
+    extra = () if dirs is None else (f"-I{dirs[0]}", f"-L{dirs[1]}", f"-Wl,-rpath,{dirs[1]}")
+    return (*_APPLE_OPENMP, *extra, "-lomp")
+
+
+def simd_width_bits_for(flags: tuple[str, ...], detected_bits: int | None) -> int | None:
+    """The vector width (bits) code compiled with ``flags`` may use: the host's detected width
+    (None: unknown) when the flags target the host (``-march=native``), else
+    :data:`PORTABLE_SIMD_BITS` (the printer must not size vector types for an ISA the compile
+    does not enable)."""
+    if all(f in flags for f in _NATIVE):
+        return detected_bits
+    return PORTABLE_SIMD_BITS
+
+
+def host_simd_width_bits(detected_bits: int | None, compiler: Compiler | None = None) -> int:
+    """:func:`simd_width_bits_for` the flags ``compiler`` (default :func:`find_compiler`) gets
+    on this host. Without a usable compiler the detected width (nothing can be built then,
+    and the compile step raises the error that names the fix)."""
+    try:
+        cc = compiler or find_compiler()
+        flags, _ = select_flags(cc, detected_bits)
+    except (BackendUnavailableError, OSError):
+        return detected_bits or PORTABLE_SIMD_BITS
+    return simd_width_bits_for(flags, detected_bits) or PORTABLE_SIMD_BITS
+
+
 def _simd_flags(compiler: Compiler, simd_width_bits: int | None) -> tuple[str, ...]:
     if (
         simd_width_bits
@@ -283,10 +391,12 @@ def select_flags(
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(flags, notes) for ``compiler``, probed once per compiler identity and cached on disk."""
     extra = _simd_flags(compiler, simd_width_bits)
+    omp = openmp_flags(compiler)
     parts = {
         "compiler": compiler.ident,
         "cpu": host_cpu_id(),
         "extra": " ".join(extra),
+        "openmp": " ".join(omp),
         "probe": "1",
     }
     path = _cache.entry_path("cpu-toolchain", parts, ".json")
@@ -296,12 +406,12 @@ def select_flags(
         if isinstance(flags_c, list) and isinstance(notes_c, list):
             return tuple(str(f) for f in flags_c), tuple(str(n) for n in notes_c)
     notes: list[str] = []
-    full = (*_BASE_FLAGS, *_NATIVE, *extra, *_OPENMP)
+    full = (*_BASE_FLAGS, *_NATIVE, *extra, *omp)
     ok, err = _try_compile(compiler, full, _PROBE_SOURCE)
     if ok:
         flags = full
     else:
-        portable = (*_BASE_FLAGS, *_OPENMP)
+        portable = (*_BASE_FLAGS, *omp)
         ok2, err2 = _try_compile(compiler, portable, _PROBE_SOURCE)
         if ok2:
             flags = portable
@@ -311,6 +421,11 @@ def select_flags(
             )
         else:
             ok3, _ = _try_compile(compiler, _BASE_FLAGS, "int yr_probe(void) { return 1; }\n")
+            if ok3 and compiler.apple_clang:
+                raise OpenMPUnavailableError(
+                    f"{compiler.describe()} cannot build OpenMP code "
+                    f"({' '.join(omp)}): {err2[:300]}. {_APPLE_OPENMP_HINT}"
+                )
             if ok3:
                 raise OpenMPUnavailableError(
                     f"{compiler.describe()} cannot build OpenMP code (-fopenmp): {err2[:300]}. "
@@ -337,15 +452,25 @@ def compile_shared(
 ) -> CompiledLibrary:
     """Compile ``source`` to a shared object in the disk cache (or find it there).
 
-    ``extra_flags`` are appended to the probed flags (tests use ``-DYR_SOFT_HALF``)."""
+    ``simd_width_bits`` is the vector width ``source`` was printed for (the width of
+    :func:`host_simd_width_bits`, when it came from the CpuBackend); ``extra_flags`` are
+    appended to the probed flags (tests use ``-DYR_SOFT_HALF``)."""
     t0 = time.perf_counter()
     cc = compiler or find_compiler()
     flags, notes = select_flags(cc, simd_width_bits)
+    vector_bits = simd_width_bits_for(flags, simd_width_bits)
+    if simd_width_bits is not None and vector_bits is not None and simd_width_bits > vector_bits:
+        notes = (
+            *notes,
+            f"the source was printed for {simd_width_bits}-bit vectors but the flags only "
+            f"guarantee {vector_bits}-bit ones: the compiler splits them",
+        )
     flags = (*flags, *extra_flags)
     parts = {
         "source": hashlib.sha256(source.encode("utf-8")).hexdigest(),
         "compiler": cc.ident,
         "flags": " ".join(flags),
+        "simd": str(vector_bits or ""),
         "cpu": host_cpu_id(),
         "core": _core_version(),
         "yirage_cpu": _package_version(),
@@ -353,15 +478,18 @@ def compile_shared(
     }
     path = _cache.entry_path("cpu-so", parts, ".so")
     src_path = path.with_suffix(".c")
-    if path.exists():
+
+    def done(cache_hit: bool) -> CompiledLibrary:
+        seconds = time.perf_counter() - t0
         return CompiledLibrary(
-            path, True, time.perf_counter() - t0, cc, flags, path.stem, src_path, notes
+            path, cache_hit, seconds, cc, flags, path.stem, src_path, notes, vector_bits
         )
+
+    if path.exists():
+        return done(True)
     with _cache.locked(path):
         if path.exists():  # another process built it while we waited for the lock
-            return CompiledLibrary(
-                path, True, time.perf_counter() - t0, cc, flags, path.stem, src_path, notes
-            )
+            return done(True)
         _cache.atomic_write_bytes(src_path, source.encode("utf-8"))
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".so.tmp")
         os.close(fd)
@@ -392,9 +520,7 @@ def compile_shared(
         finally:
             if tmp.exists():
                 tmp.unlink()
-    return CompiledLibrary(
-        path, False, time.perf_counter() - t0, cc, flags, path.stem, src_path, notes
-    )
+    return done(False)
 
 
 def forget(library: CompiledLibrary) -> None:
