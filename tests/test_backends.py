@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import re
 import subprocess
@@ -173,6 +174,27 @@ def test_plugin_api_major_mismatch_is_reported_not_raised(monkeypatch) -> None:
     with pytest.raises(yr.BackendUnavailableError) as err:
         yr.get_available_backends()
     assert isinstance(err.value.__cause__, yr.PluginAPIError)
+
+
+def test_vendor_packages_declare_their_own_plugin_api(monkeypatch) -> None:
+    """Each vendor backend class states the plugin API it was written for in its own body.
+    Inherited from yirage.Backend it would always equal the installed yirage's PLUGIN_API,
+    and the mismatch check could never fire for a real vendor package."""
+    for name in VENDORS:
+        cls = type(_registry._get_backend(name))
+        assert cls.__module__.startswith(f"yirage_{name}."), (name, cls)
+        assert "plugin_api" in vars(cls), f"{cls.__qualname__} inherits plugin_api: declare it"
+        api = vars(cls)["plugin_api"]
+        assert isinstance(api, tuple) and len(api) == 2, (name, api)
+        assert all(type(v) is int for v in api) and api[0] == yr.PLUGIN_API[0], (name, api)
+    # and the check fires for a real vendor package that speaks another major version
+    rocm = type(_registry._get_backend("rocm"))
+    monkeypatch.setattr(rocm, "plugin_api", (yr.PLUGIN_API[0] + 1, 0))
+    _registry._reset()
+    info = yr.get_backend_info("rocm")
+    assert not info.available and info.error is not None
+    assert f"plugin API {yr.PLUGIN_API[0] + 1}.0" in info.error
+    assert "pip install -U yirage yirage-rocm" in info.error
 
 
 @pytest.mark.parametrize(
@@ -368,3 +390,121 @@ def test_doctor_console_script_and_version() -> None:
     assert exe.exists(), "the `yirage` console script is installed with the package"
     proc = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
     assert "yirage: " in proc.stdout and "plugin_api: 1.0" in proc.stdout
+
+
+def _pci(root: Path, slot: str, vendor: str, device: str, pci_class: str) -> None:
+    d = root / slot
+    d.mkdir()
+    (d / "vendor").write_text(vendor + "\n")
+    (d / "device").write_text(device + "\n")
+    (d / "class").write_text(pci_class + "\n")
+
+
+@pytest.fixture
+def tpu_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """yirage_tpu._probe on a fake machine: an empty PCI bus under tmp_path, a /dev/vfio
+    group, no /dev/accel, no jax or libtpu (tests add what they need)."""
+    from yirage_tpu import _probe
+
+    monkeypatch.setattr(_probe, "_PCI_DEVICES", tmp_path)
+    monkeypatch.setattr(_probe, "accel_nodes", lambda: [])
+    monkeypatch.setattr(_probe, "vfio_nodes", lambda: ["/dev/vfio/0"])
+    monkeypatch.setattr(_probe, "toolchain", lambda: {})
+    monkeypatch.setattr(_probe, "runtime_installed", lambda tools: False)
+
+    def no_jax() -> tuple[str | None, str]:
+        raise AssertionError("jax must not be asked without a TPU runtime")
+
+    monkeypatch.setattr(_probe, "jax_tpu_kind", no_jax)
+    return _probe
+
+
+def test_tpu_probe_vfio_of_other_devices_is_no_tpu(tpu_probe: Any, tmp_path: Path) -> None:
+    """A server with VFIO passthrough (an Intel NIC, Google's gVNIC and NVMe on a Compute
+    Engine VM) has /dev/vfio/<n> but no TPU."""
+    _pci(tmp_path, "0000:00:03.0", "0x8086", "0x1572", "0x020000")
+    _pci(tmp_path, "0000:00:04.0", "0x1ae0", "0x0042", "0x020000")  # gVNIC
+    _pci(tmp_path, "0000:00:05.0", "0x1ae0", "0x001f", "0x010802")  # Google NVMe
+    assert tpu_probe.tpu_pci_devices() == []
+    assert tpu_probe.device_nodes() == []
+    result = tpu_probe.probe()
+    assert not result.available, result
+    assert "no Google TPU on the PCI bus" in result.reason
+    assert "libtpu not installed" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("device", "pci_class", "hardware"),
+    [("0x0063", "0x120000", "TPU v5e"), ("0x0099", "0x120000", "Google TPU (PCI device 0x0099)")],
+)
+def test_tpu_probe_vfio_with_a_google_tpu(
+    tpu_probe: Any, tmp_path: Path, device: str, pci_class: str, hardware: str
+) -> None:
+    _pci(tmp_path, "0000:00:04.0", "0x1ae0", "0x0042", "0x020000")  # gVNIC: not counted
+    _pci(tmp_path, "0000:00:05.0", "0x1ae0", device, pci_class)
+    assert tpu_probe.tpu_pci_devices() == [hardware]
+    result = tpu_probe.probe()
+    assert result.available, result
+    assert result.hardware == f"{hardware} (1 chip(s))"
+    assert "pip install jax[tpu]" in result.reason  # found, but no runtime to use it
+
+
+def test_tpu_probe_accel_nodes_need_no_pci_info(tpu_probe: Any, monkeypatch) -> None:
+    monkeypatch.setattr(tpu_probe, "accel_nodes", lambda: ["/dev/accel0", "/dev/accel1"])
+    monkeypatch.setattr(tpu_probe, "vfio_nodes", lambda: [])
+    result = tpu_probe.probe()
+    assert result.available and result.hardware == "TPU (2 device node(s))"
+
+
+def test_tpu_probe_asks_jax_where_libtpu_is_installed(tpu_probe: Any, monkeypatch) -> None:
+    """No device nodes yirage recognises, but jax with libtpu sees a TPU: available."""
+    monkeypatch.setattr(tpu_probe, "vfio_nodes", lambda: [])
+    monkeypatch.setattr(tpu_probe, "runtime_installed", lambda tools: True)
+    monkeypatch.setattr(tpu_probe, "jax_tpu_kind", lambda: ("TPU v5 lite", "jax sees 4 TPU(s)"))
+    result = tpu_probe.probe()
+    assert result.available and result.hardware == "TPU v5 lite"
+    assert "jax sees 4 TPU(s)" in result.reason
+    monkeypatch.setattr(tpu_probe, "jax_tpu_kind", lambda: (None, "jax not installed"))
+    result = tpu_probe.probe()
+    assert not result.available and "jax not installed" in result.reason
+
+
+def test_tpu_runtime_check_imports_nothing(monkeypatch) -> None:
+    from yirage_tpu import _probe
+
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    before = set(sys.modules)
+    installed = _probe.runtime_installed({})
+    assert not {m for m in set(sys.modules) - before if m.split(".")[0] in ("jax", "libtpu")}
+    assert installed == (importlib.util.find_spec("libtpu") is not None)
+    assert _probe.runtime_installed({"libtpu": "0.0.1"})
+    monkeypatch.setenv("TPU_LIBRARY_PATH", "/lib/libtpu.so")
+    assert _probe.runtime_installed({})
+
+
+@pytest.mark.parametrize(
+    ("torch_verdict", "available", "fragment"),
+    [
+        ((None, "torch not installed"), True, "pip install torch"),
+        ((False, "torch.backends.mps.is_available() is False: ..."), False, "is False"),
+        ((True, "torch.backends.mps.is_available() is True"), True, "is True"),
+    ],
+)
+def test_mps_probe_says_what_the_runtime_lacks(
+    monkeypatch, torch_verdict: tuple[bool | None, str], available: bool, fragment: str
+) -> None:
+    """On Apple silicon the GPU is there (available, as docs/backends.md defines it); without
+    torch the reason names the runtime yirage-mps needs, with torch's MPS unusable the backend
+    is unavailable."""
+    from yirage_mps import _probe
+
+    mac = SimpleNamespace(system=lambda: "Darwin", machine=lambda: "arm64")
+    monkeypatch.setattr(_probe, "platform", mac)
+    monkeypatch.setattr(_probe, "toolchain", lambda: {})
+    monkeypatch.setattr(_probe, "chip_name", lambda: "Apple M3 Max")
+    monkeypatch.setattr(_probe, "torch_mps", lambda: torch_verdict)
+    result = _probe.probe()
+    assert result.available is available, result
+    assert fragment in result.reason and result.hardware == "Apple M3 Max"
+    if torch_verdict[0] is None:
+        assert "torch is not installed" in result.reason and "MPS" in result.reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -115,6 +116,52 @@ def test_operator_parameters(g: yr.KernelGraph) -> None:
     _raises(yr.GraphError, "real number")(lambda: g.mul_scalar(a, "2"))  # type: ignore[arg-type]
     _raises(yr.GraphError, "at least one")(lambda: g.concat([], 0))
     _raises(yr.GraphError, "list of DTensors")(lambda: g.concat(a, 0))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "big",
+    [10**400, -(10**400), 2**1024, Fraction(10**400, 3), 10**5000],
+    ids=["1e400", "-1e400", "2**1024", "fraction", "1e5000"],
+)
+def test_numbers_beyond_float64_are_graph_errors(g: yr.KernelGraph, big: object) -> None:
+    """float() overflows on these (OverflowError); 10**5000 cannot even be printed."""
+    a = g.new_input((8, 64))
+    expected = ("too large for a float", "finite real number")
+    _raises(yr.GraphError, "scalar", *expected)(lambda: g.mul_scalar(a, big))  # type: ignore[arg-type]
+    _raises(yr.GraphError, "clamp min", *expected)(lambda: g.clamp(a, big, 1.0))  # type: ignore[arg-type]
+    _raises(yr.GraphError, "clamp max", *expected)(lambda: g.clamp(a, 0.0, big))  # type: ignore[arg-type]
+    _raises(yr.GraphError, "eps", *expected)(lambda: g.rms_norm(a, (64,), eps=big))  # type: ignore[arg-type]
+    tb = yr.new_threadblock_graph((2, 1, 1), (128, 1, 1), 2, 64)
+    bx = tb.new_input(a, input_map=(0, -1, -1), forloop_dim=1)
+    _raises(yr.GraphError, "eps", *expected)(lambda: tb.forloop_accum(bx, "rms", eps=big))  # type: ignore[arg-type]
+    _raises(yr.GraphError, "eps", *expected)(lambda: tb.rms_norm(bx, eps=big))  # type: ignore[arg-type]
+
+
+def test_ints_beyond_int64_are_described(g: yr.KernelGraph) -> None:
+    _raises(yr.ShapeError, "out of range", "-2**63..2**63-1")(lambda: g.new_input((8, 2**63)))
+    _raises(yr.ShapeError, "about 5001 digits", "out of range")(lambda: g.new_input((8, 10**5000)))
+    a = g.new_input((8, 64))
+    _raises(yr.ShapeError, "dim", "out of range")(lambda: g.reduction(a, -(10**5000)))
+
+
+@pytest.mark.parametrize(
+    ("array", "fragments"),
+    [
+        ([[1.0, 2.0], [3.0]], ("input 0", "not a rectangular array", "equal lengths", "(2, 2)")),
+        ([[10**400, 1.0], [1.0, 1.0]], ("input 0", "too large for float64", "finite real")),
+        ([[-(10**5000), 1.0], [1.0, 1.0]], ("input 0", "too large for float64")),
+        ([[1.0, 2j], [1.0, 1.0]], ("input 0", "complex", "real numbers")),
+        ([[1.0, "x"], [1.0, 1.0]], ("input 0", "not a numeric array", "(2, 2)")),
+    ],
+    ids=["ragged", "1e400", "-1e5000", "complex", "string"],
+)
+def test_evaluate_rejects_what_float64_cannot_hold(
+    array: object, fragments: tuple[str, ...]
+) -> None:
+    g = yr.new_kernel_graph()
+    g.mark_output(g.exp(g.new_input((2, 2))))
+    _raises(yr.EvaluationError, *fragments)(lambda: g.evaluate([array]))  # type: ignore[list-item]
+    assert g.evaluate([[[1, 2], [3, 4]]])[0].shape == (2, 2)  # nested lists of ints are fine
 
 
 def test_evaluate_checks_inputs(g: yr.KernelGraph) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any, TypeVar
 
 import numpy as np
@@ -21,13 +22,43 @@ UNARY = ["exp", "square", "sqrt", "rsqrt", "silu", "gelu", "relu", "sigmoid", "t
 BINARY = ["add", "sub", "mul", "div", "pow"]
 ACCS = [None, "sum", "rms", "sum_todimx", "max"]
 
-small = st.integers(-2, 5)
-dims = st.one_of(st.lists(st.integers(-1, 4), min_size=0, max_size=5), st.integers(-1, 4))
+
+def _mostly(common: st.SearchStrategy[Any], rare: st.SearchStrategy[Any]) -> Any:
+    """``common``, with ``rare`` drawn about one time in eight."""
+    return st.integers(0, 7).flatmap(lambda k: rare if k == 0 else common)
+
+
+# Ints beyond int64 and beyond float64 (10**400 overflows float(); 10**5000 cannot even be
+# printed: Python refuses int-to-str conversions of more than 4300 digits). Built, not
+# listed, so that hypothesis can print the strategies.
+huge_ints = st.one_of(
+    st.sampled_from([2**63, -(2**63) - 1]),
+    st.builds(
+        lambda sign, exp: sign * 10**exp,
+        st.sampled_from([1, -1]),
+        st.sampled_from([19, 309, 400, 5000]),
+    ),
+)
+huge_reals = st.one_of(huge_ints, st.builds(Fraction, huge_ints, st.integers(1, 3)))
+small = _mostly(st.integers(-2, 5), huge_ints)
+dims = st.one_of(
+    st.lists(_mostly(st.integers(-1, 4), huge_ints), min_size=0, max_size=5),
+    _mostly(st.integers(-1, 4), huge_ints),
+)
 dtype = st.sampled_from([yr.float16, yr.bfloat16, yr.float32, "float32", None])
 reals = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3), st.just("1.0")
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-3, 3),
+    st.just("1.0"),
+    huge_reals,
 )
 triple = st.tuples(small, small, small)
+# evaluate() inputs that are not arrays of floats: ragged nested lists, huge ints, complex
+# numbers, strings, None.
+leaves = st.one_of(
+    st.floats(), st.integers(-3, 3), huge_ints, st.complex_numbers(), st.just("x"), st.none()
+)
+nested = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3), max_leaves=8)
 
 
 def attempt(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
@@ -142,6 +173,11 @@ def test_random_graphs_raise_only_yirage_errors(data: st.DataObject) -> None:
     attempt(g.evaluate, arrays)
     attempt(g.evaluate, arrays[:-1])
     attempt(g.evaluate, [np.ones((9,) * len(a.shape)) for a in arrays])
+    attempt(g.evaluate, [data.draw(nested) for _ in arrays])
+    if arrays:  # the right shape, one entry a value float64 cannot hold
+        bad = arrays[0].astype(object)
+        bad[(0,) * bad.ndim] = data.draw(st.one_of(huge_ints, st.complex_numbers(), leaves))
+        attempt(g.evaluate, [bad.tolist(), *arrays[1:]])
     digest = attempt(g.fingerprint, trials=1, seed=data.draw(st.integers(0, 2**64 - 1)))
     text = g.to_json()
     back = yr.KernelGraph.from_json(text)

@@ -38,10 +38,8 @@ pytestmark = cpu_backend
 
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fresh cache per test; decisions are cached however noisy the shared CI machine's
-    timings are (test_noisy_timings_are_not_cached checks the guard)."""
+    """A fresh cache per test."""
     monkeypatch.setenv("YIRAGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    monkeypatch.setattr(_superoptimize, "_noisy", lambda spread: False)
 
 
 def _rms_graph(dtype: yr.DType = yr.float32) -> yr.KernelGraph:
@@ -215,14 +213,12 @@ def test_codegen_emitting_wrong_code_is_caught(monkeypatch: pytest.MonkeyPatch) 
     assert cand.status == "rejected" and cand.max_rel_err is not None and cand.max_rel_err > 1e-3
 
 
-_REAL_NOISY = _superoptimize._noisy
-
-
-def test_noisy_timings_are_not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_noisy_timings_are_reported_and_still_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded machine must not cost every later call a search: the warm path stays fast,
+    and the cached report keeps saying the timings were noisy."""
     from yirage_cpu._backend import CpuBackend
     from yirage_cpu._runtime import ProfileResult
 
-    monkeypatch.setattr(_superoptimize, "_noisy", _REAL_NOISY)
     calls_of: dict[int, int] = {}
 
     def jittery(self: CpuBackend, launcher: Any, inputs: Any = None, **kw: Any) -> ProfileResult:
@@ -234,10 +230,11 @@ def test_noisy_timings_are_not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
     k = superoptimize(_rms_graph(), backend="cpu")
     assert any("timings were noisy" in n for n in k.report.notes)
-    superoptimize(_rms_graph(), backend="cpu")
-    assert len(calls) == 2  # nothing was cached: searched and profiled again
-    assert _REAL_NOISY({0: [100.0, 120.0, 900.0], 1: [50.0, 51.0]}) is False
-    assert _REAL_NOISY({0: [100.0, 300.0, 900.0]}) is True
+    warm = superoptimize(_rms_graph(), backend="cpu")
+    assert len(calls) == 1 and warm.report.from_cache  # not searched or profiled again
+    assert any("timings were noisy" in n for n in warm.report.notes)
+    assert _superoptimize._noisy({0: [100.0, 120.0, 900.0], 1: [50.0, 51.0]}) is False
+    assert _superoptimize._noisy({0: [100.0, 300.0, 900.0]}) is True
 
 
 def test_candidates_far_behind_stop_being_profiled(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -512,6 +509,19 @@ def test_demo_command(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     assert row["yirage_us"] > 0 and row["baseline_us"] > 0 and row["backend"] == "cpu"
 
 
+def test_the_default_backend_is_the_best_one_with_a_code_generator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from yirage import _registry
+
+    # mps is ranked above cpu but only probes its hardware (no code generator yet)
+    monkeypatch.setattr(_registry, "get_available_backends", lambda: ["mps", "cpu"])
+    assert _superoptimize.resolve_backend(None).name == "cpu"
+    monkeypatch.setattr(_registry, "get_available_backends", lambda: ["mps"])
+    with pytest.raises(yr.BackendUnavailableError, match=r"mps found, without a code generator"):
+        _superoptimize.resolve_backend(None)
+
+
 def test_unknown_backend_is_loud() -> None:
     with pytest.raises(yr.BackendUnavailableError, match="nosuch"):
         superoptimize(_rms_graph(), backend="nosuch")
@@ -534,7 +544,10 @@ def test_every_workload_end_to_end_on_cpu(name: str) -> None:
     k = superoptimize(g, "cpu", w.search_config, profile_options=FAST_PROFILE, time_limit=30)
     rep = k.report
     assert rep.chosen_index is not None and rep.max_rel_err is not None and rep.max_rel_err <= 1e-4
-    assert all(c.status in ("ok", "rejected", "error") for c in rep.candidates)
+    # every candidate the search emits prints, compiles (-Werror) and passes the check, and
+    # the fused form (one generated kernel) is among them, whichever profiling picks
+    assert all(c.status == "ok" for c in rep.candidates), str(rep)
+    assert any(c.description.endswith("[1 generated kernel]") for c in rep.candidates), str(rep)
     assert k.source and k.plan["format"] == "yirage.kernel_plan"
     inputs = w.inputs("cpu", seed=7)
     outs = k(*inputs)  # torch tensors in, torch tensors out
@@ -544,6 +557,18 @@ def test_every_workload_end_to_end_on_cpu(name: str) -> None:
         assert isinstance(o, torch.Tensor)
         assert _rel(o.numpy(), r) < 1e-4
         assert _rel(o.numpy(), t.double().numpy()) < 1e-4
+    # NaN and ±Inf in the inputs reach the same outputs as in the reference
+    inputs[0].view(-1)[0] = float("nan")
+    inputs[-1].view(-1)[-1] = float("inf")
+    inputs[-1].view(-1)[0] = -float("inf")
+    outs = [o.double().numpy() for o in k(*inputs)]
+    refs = g.evaluate([t.double().numpy() for t in inputs])
+    for o, r in zip(outs, refs, strict=True):
+        assert np.isnan(r).any()
+        np.testing.assert_array_equal(np.isnan(o), np.isnan(r))
+        np.testing.assert_array_equal(np.isinf(o) * np.sign(o), np.isinf(r) * np.sign(r))
+        finite = np.isfinite(r)
+        assert _rel(o[finite], r[finite]) < 1e-4
 
 
 @needs_search

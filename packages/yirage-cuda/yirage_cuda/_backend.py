@@ -214,6 +214,12 @@ class CudaBackend(Backend):
     """NVIDIA CUDA: Triton and CUDA C++ code from KernelPlans, run through torch.cuda."""
 
     name = "cuda"
+    #: The plugin API this package was written against (yirage.PLUGIN_API of its release),
+    #: declared here rather than inherited from yirage.Backend: inherited, it would always
+    #: equal the installed yirage's PLUGIN_API and the registry's mismatch check could never
+    #: fire; declared, a yirage of another major API version refuses this package with an
+    #: error naming the versions to install.
+    plugin_api = (1, 0)
     distribution = "yirage-cuda"
     source_suffix = ".py"
 

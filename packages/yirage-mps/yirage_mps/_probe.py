@@ -25,7 +25,12 @@ def torch_mps() -> tuple[bool | None, str]:
         ok = bool(torch.backends.mps.is_available())
     except Exception as exc:
         return False, f"torch.backends.mps failed: {exc}"
-    return ok, "torch.backends.mps.is_available() is " + str(ok)
+    if not ok:
+        return False, (
+            "torch.backends.mps.is_available() is False: this torch cannot use the GPU "
+            "(MPS needs macOS 12.3 or later and an arm64 build of torch)"
+        )
+    return True, "torch.backends.mps.is_available() is True"
 
 
 def toolchain() -> dict[str, str]:
@@ -41,8 +46,17 @@ def toolchain() -> dict[str, str]:
     return found
 
 
+#: Why a Mac without torch is still "available" (docs/backends.md: available means the probe
+#: found the hardware, as for a TPU without libtpu), and what is missing.
+NO_TORCH = (
+    "Apple silicon GPU found, but torch is not installed: yirage-mps runs on PyTorch's MPS "
+    "backend (pip install torch)"
+)
+
+
 def probe() -> ProbeResult:
-    """Never raises. Available on macOS/Apple silicon unless torch says MPS is unusable."""
+    """Never raises. Available on macOS/Apple silicon unless torch says MPS is unusable;
+    without torch the reason says that the runtime yirage-mps needs is missing."""
     try:
         if platform.system() != "Darwin":
             return ProbeResult(False, f"not macOS (platform is {platform.system()})")
@@ -51,6 +65,8 @@ def probe() -> ProbeResult:
         tools = toolchain()
         hardware = chip_name() or "Apple silicon"
         ok, note = torch_mps()
+        if ok is None:
+            return ProbeResult(True, NO_TORCH, hardware, tools)
         if ok is False:
             return ProbeResult(False, note, hardware, tools)
         return ProbeResult(True, f"Apple silicon GPU; {note}", hardware, tools)

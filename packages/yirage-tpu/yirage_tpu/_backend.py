@@ -11,6 +11,12 @@ class TpuBackend(Backend):
     (they raise yirage.NotImplementedBackendError)."""
 
     name = "tpu"
+    #: The plugin API this package was written against (yirage.PLUGIN_API of its release),
+    #: declared here rather than inherited from yirage.Backend: inherited, it would always
+    #: equal the installed yirage's PLUGIN_API and the registry's mismatch check could never
+    #: fire; declared, a yirage of another major API version refuses this package with an
+    #: error naming the versions to install.
+    plugin_api = (1, 0)
     distribution = "yirage-tpu"
     verification_level = VerificationLevel.NONE
 

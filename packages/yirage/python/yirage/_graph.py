@@ -338,12 +338,7 @@ class KernelGraph(_ElementwiseOps[DTensor]):
             )
         payload: list[tuple[bytes, list[int]]] = []
         for i, (array, dims) in enumerate(zip(inputs, expected, strict=True)):
-            if np.iscomplexobj(array):
-                raise EvaluationError(f"input {i} is complex: expected real numbers")
-            try:
-                arr = np.asarray(array, dtype=np.float64)
-            except (TypeError, ValueError) as exc:
-                raise EvaluationError(f"input {i} is not a numeric array: {exc}") from None
+            arr = _as_float64(array, i, (ws, *dims) if ws > 1 else dims)
             if ws > 1 and arr.shape != (ws, *dims):
                 raise ShapeError(
                     f"input {i} has shape {arr.shape}; this graph runs on {ws} ranks, so "
@@ -547,6 +542,36 @@ class ThreadBlockGraph(_ElementwiseOps[STensor]):
         xid = self._id(x)
         omap = check_triple(output_map, "output_map", MappingError)
         return self._g.new_output(xid, omap)
+
+
+def _as_float64(array: object, i: int, dims: tuple[int, ...]) -> npt.NDArray[np.float64]:
+    """Input ``i`` of ``evaluate`` as a float64 array; anything numpy cannot turn into one
+    (ragged nested lists, strings, complex numbers, ints beyond float64) is an
+    EvaluationError naming what was expected."""
+    try:
+        raw = np.asarray(array)
+    except ValueError as exc:  # nested lists of unequal lengths
+        raise EvaluationError(
+            f"input {i} is not a rectangular array ({exc}): expected an array (or nested "
+            f"lists of equal lengths) of real numbers with dims {dims}"
+        ) from None
+    except (TypeError, OverflowError) as exc:
+        raise EvaluationError(
+            f"input {i} is not a numeric array ({exc}): expected real numbers with dims {dims}"
+        ) from None
+    if np.iscomplexobj(raw):
+        raise EvaluationError(f"input {i} is complex: expected real numbers")
+    try:
+        return raw.astype(np.float64, copy=False)
+    except OverflowError as exc:  # e.g. a Python int such as 10**400 in an object array
+        raise EvaluationError(
+            f"input {i} holds a number too large for float64 ({exc}): expected finite real "
+            "numbers with magnitude below 1.8e308"
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise EvaluationError(
+            f"input {i} is not a numeric array ({exc}): expected real numbers with dims {dims}"
+        ) from None
 
 
 def _check_seed(seed: object) -> int:

@@ -73,16 +73,26 @@ _K = TypeVar("_K")
 
 
 def resolve_backend(backend: str | Backend | None) -> Backend:
-    """A Backend object: the given one, the named one, or the first available."""
+    """A Backend object: the given one, the named one, or the best available one that has a
+    code generator (a backend that only probes its hardware cannot superoptimize)."""
     from yirage import _registry
 
     if isinstance(backend, Backend):
         return backend
     if backend is None:
         names = _registry.get_available_backends()
-        if not names:
-            raise BackendUnavailableError("any", "no backend is available (see `yirage doctor`)")
-        backend = names[0]
+        usable = [n for n in names if _registry.get_backend_info(n).codegen_implemented]
+        if not usable:
+            found = f" ({', '.join(names)} found, without a code generator yet)" if names else ""
+            raise BackendUnavailableError(
+                "any",
+                f"no backend with a code generator is available{found}: "
+                'pip install "yirage[cpu]" and a C compiler, or see `yirage doctor`',
+            )
+        skipped = names[: names.index(usable[0])]
+        if skipped:
+            _log.info("using %s: %s has no code generator yet", usable[0], ", ".join(skipped))
+        backend = usable[0]
     name = str(backend).lower()
     be = _registry._get_backend(name)
     if not _registry.is_backend_available(name):  # the registry caches the probe
@@ -427,7 +437,8 @@ def superoptimize(
     if noisy:
         report.notes.append(
             "timings were noisy (a candidate's best profiling round was not reproduced: other "
-            "load on the device?); the decision is not cached"
+            "load on the device?); the decision is cached all the same: call superoptimize "
+            "with cache=False on a quieter device to profile again"
         )
     passing = [
         (report.candidates[i].measured_us or math.inf, i, plan, source, launcher)
@@ -449,7 +460,7 @@ def superoptimize(
     chosen = report.candidates[best_index]
     _choose(report, chosen, plan)
     report.total_s = time.perf_counter() - t_start
-    if decision is not None and not noisy:
+    if decision is not None:
         with _cache.locked(decision):
             _cache.write_json(decision, {"plan": plan, "report": report.to_dict()})
             if check:

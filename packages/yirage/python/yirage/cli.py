@@ -1,17 +1,30 @@
-"""Command-line interface: ``yirage doctor``, ``yirage demo``, ``yirage bench``."""
+"""Command-line interface: ``yirage doctor``, ``yirage demo``, ``yirage bench`` (also
+``python -m yirage``).
+
+A YirageError ends the command with its message on stderr and exit status 1, without a
+Python traceback (``YIRAGE_LOGS=DEBUG`` prints the traceback too): yirage's messages name the
+fix, a traceback only buries it. Any other exception is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from yirage import _env, _registry
 from yirage._backend import PLUGIN_API
 from yirage._bench import add_bench_parser
+from yirage._errors import YirageError
+from yirage._logging import get_logger
+
+#: Exit status of a command that ended with a YirageError (argparse uses 2 for usage errors).
+EXIT_ERROR = 1
 
 
 def _versions() -> dict[str, str]:
@@ -35,14 +48,17 @@ def _env_rows() -> list[dict[str, Any]]:
 
 def _doctor_data() -> dict[str, Any]:
     infos = [_registry.get_backend_info(n).to_dict() for n in _registry._all_names()]
+    error: str | None = None
     try:
         selected: Any = _registry.get_available_backends()
     except Exception as exc:  # YIRAGE_BACKENDS names a backend that is not usable
+        error = str(exc)
         selected = f"error: {exc}"
     return {
         "versions": _versions(),
         "backends": infos,
         "selected_backends": selected,
+        "selection_error": error,
         "cache_dir": str(_env.cache_dir()),
         "environment": _env_rows(),
     }
@@ -109,12 +125,21 @@ def _spec_summary(spec: dict[str, Any]) -> str:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    """Print the report; exit status 1 when a backend named in YIRAGE_BACKENDS is not
+    usable (the run that relies on it would fail), 0 otherwise."""
     data = _doctor_data()
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         _print_doctor(data)
+    if data["selection_error"] is not None:
+        _error(f"YIRAGE_BACKENDS: {data['selection_error']}")
+        return EXIT_ERROR
     return 0
+
+
+def _error(message: str) -> None:
+    print(f"yirage: error: {message}", file=sys.stderr)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -158,16 +183,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.version:
-        for name, value in _versions().items():
-            print(f"{name}: {value}")
-        return 0
-    if not hasattr(args, "func"):
-        parser.print_help()
-        return 2
-    return int(args.func(args))
+    try:
+        if args.version:
+            for name, value in _versions().items():
+                print(f"{name}: {value}")
+            return 0
+        if not hasattr(args, "func"):
+            parser.print_help()
+            return 2
+        return int(args.func(args))
+    except YirageError as exc:
+        if get_logger().isEnabledFor(logging.DEBUG):
+            traceback.print_exc()
+        _error(f"{exc} ({type(exc).__name__}; YIRAGE_LOGS=DEBUG shows the traceback)")
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

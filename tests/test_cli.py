@@ -1,0 +1,104 @@
+"""The command line (``yirage`` / ``python -m yirage``): exit statuses, and YirageErrors
+printed as one message instead of a Python traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import yirage as yr
+from yirage import cli
+
+
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m yirage ARGS`` with ``env`` added to (or, for "", removed from) the
+    environment."""
+    full = dict(os.environ)
+    for key, value in env.items():
+        if value:
+            full[key] = value
+        else:
+            full.pop(key, None)
+    return subprocess.run(
+        [sys.executable, "-m", "yirage", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env=full,
+    )
+
+
+def test_python_dash_m_yirage_is_the_cli() -> None:
+    proc = _run("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert "yirage: " in proc.stdout and "plugin_api: 1.0" in proc.stdout
+
+
+def test_doctor_fails_when_a_named_backend_fails(tmp_path: Path) -> None:
+    """YIRAGE_BACKENDS=<a backend that is not usable> yirage doctor: the report, the error
+    on stderr and exit status 1 (the run relying on that selection would fail)."""
+    if yr.is_backend_available("rocm"):
+        pytest.skip("an AMD GPU is present")
+    proc = _run("doctor", YIRAGE_BACKENDS="rocm", YIRAGE_CACHE_DIR=str(tmp_path))
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "Selected backends: error: backend 'rocm' is not available" in proc.stdout
+    assert proc.stderr.startswith("yirage: error: YIRAGE_BACKENDS: backend 'rocm'")
+    proc = _run("doctor", "--json", YIRAGE_BACKENDS="cpu,rocm", YIRAGE_CACHE_DIR=str(tmp_path))
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    assert "rocm" in data["selection_error"] and "Traceback" not in proc.stderr
+
+
+def test_doctor_succeeds_when_the_named_backends_work(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fresh_registry: None
+) -> None:
+    monkeypatch.setenv("YIRAGE_BACKENDS", "cpu")
+    assert cli.main(["doctor", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["selected_backends"] == ["cpu"] and data["selection_error"] is None
+
+
+def test_a_yirage_error_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """`yirage demo` on a machine without a C compiler (no $CC, nothing on PATH) and without
+    another backend: a BackendUnavailableError, printed as its message."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {
+        "PATH": str(empty),
+        "CC": "",
+        "YIRAGE_BACKENDS": "cpu",
+        "YIRAGE_CACHE_DIR": str(tmp_path),
+    }
+    proc = _run("demo", **env)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("yirage: error: backend 'cpu' is not available"), proc.stderr
+    assert "BackendUnavailableError" in proc.stderr and "YIRAGE_LOGS=DEBUG" in proc.stderr
+    proc = _run("demo", **env, YIRAGE_LOGS="DEBUG")
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+def test_main_returns_1_on_yirage_errors_and_keeps_bugs_loud(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fails(_args: object) -> int:
+        raise yr.ConfigError("YIRAGE_THREADS='x' is not a positive integer: set it to e.g. 8")
+
+    monkeypatch.setattr(cli, "_cmd_doctor", fails)
+    assert cli.main(["doctor"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("yirage: error: YIRAGE_THREADS='x'") and "set it to e.g. 8" in err
+    assert "Traceback" not in err
+
+    def bug(_args: object) -> int:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(cli, "_cmd_doctor", bug)
+    with pytest.raises(KeyError):
+        cli.main(["doctor"])
