@@ -1,5 +1,5 @@
 """Where ISA detection, compiler flags and the printer meet; Apple clang's OpenMP; the probe
-without a compiler; the declared plugin API; docs that match the code."""
+without a compiler."""
 
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ from _plan_ref import rel_err, run_plan
 from cpu_plan_tools import PLANS
 
 import yirage as yr
-import yirage_cpu
 from yirage_cpu import _codegen, _device_spec, _probe, _toolchain
 from yirage_cpu._backend import CpuBackend
 
-README = Path(yirage_cpu.__file__).resolve().parent.parent / "README.md"
 #: What code compiled without -march may assume: SSE2 is part of x86-64, NEON of AArch64.
 BASELINE_BITS = 128
 
@@ -61,7 +59,7 @@ def _vector_bytes(code: str) -> int:
     return int(line.split("vector_size(")[1].split(")")[0])
 
 
-# -- 1. the vector width follows the flags of the compile ------------------------------------
+# -- the vector width follows the flags of the compile ------------------------------------
 
 
 def test_portable_fallback_prints_baseline_vectors(
@@ -127,7 +125,7 @@ def test_width_decision_and_cache_key(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert lib.toolchain()["simd_width_bits"] == str(BASELINE_BITS)
 
 
-# -- 2. Apple clang ----------------------------------------------------------------------------
+# -- Apple clang ----------------------------------------------------------------------------
 
 
 def _apple_clang(tmp_path: Path) -> str:
@@ -226,7 +224,7 @@ def test_other_compilers_keep_plain_fopenmp() -> None:
     assert _toolchain.openmp_flags(llvm) == ("-fopenmp",)
 
 
-# -- 3. the probe without a compiler ---------------------------------------------------------
+# -- the probe without a compiler ---------------------------------------------------------
 
 
 def _no_subprocess(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -273,26 +271,3 @@ def test_probe_with_a_compiler_on_path_is_available(
     monkeypatch.setenv("PATH", str(tmp_path))
     result = _probe.probe()
     assert result.available and str(tmp_path / "gcc") in result.toolchain["cc"]
-
-
-# -- 4. the declared plugin API ----------------------------------------------------------------
-
-
-def test_backend_declares_its_plugin_api() -> None:
-    declared = CpuBackend.__dict__.get("plugin_api")
-    assert declared is not None, "CpuBackend inherits plugin_api instead of declaring it"
-    assert isinstance(declared, tuple) and len(declared) == 2
-    assert declared[0] == yr.PLUGIN_API[0] and declared[1] <= yr.PLUGIN_API[1]
-    assert yr.get_backend_info("cpu").plugin_api == declared
-
-
-# -- 5. docs that match the code ---------------------------------------------------------------
-
-
-def test_docs_describe_the_code_generator() -> None:
-    assert CpuBackend().codegen_implemented
-    assert "no code generator" not in (yirage_cpu.__doc__ or "")
-    assert "matmul" in _codegen.PRINTED_LIBRARY_OPS
-    assert "matmul through\nBLAS" not in (_codegen.__doc__ or "")
-    readme = README.read_text(encoding="utf-8")
-    assert "PRINTED_LIBRARY_OPS" in readme and "matmul via BLAS" not in readme
