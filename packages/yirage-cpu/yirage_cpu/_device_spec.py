@@ -1,11 +1,15 @@
 """CPU DeviceSpec: queried live (cores, caches, SIMD width); there is no datasheet table.
 
-Bandwidth and peak FLOPS are not measured here and stay None."""
+Linux: sysfs caches and /proc/cpuinfo flags. macOS: ``sysctl`` (``hw.*cachesize``, and on
+Intel Macs ``machdep.cpu.*features``). Bandwidth and peak FLOPS are not measured here and stay
+None."""
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from yirage import DeviceSpec
@@ -83,6 +87,49 @@ def simd_width_bits(flags: set[str], machine: str) -> int | None:
     return None
 
 
+def sysctl(name: str) -> str | None:
+    """``sysctl -n name`` (macOS/BSD), or None when it is missing or fails."""
+    try:
+        proc = subprocess.run(
+            ["sysctl", "-n", name], capture_output=True, text=True, timeout=5, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = proc.stdout.strip()
+    return out if proc.returncode == 0 and out else None
+
+
+#: sysctl names of the caches, P-cores first (Apple silicon reports per performance level).
+_SYSCTL_CACHES = {
+    "L1d": ("hw.perflevel0.l1dcachesize", "hw.l1dcachesize"),
+    "L2": ("hw.perflevel0.l2cachesize", "hw.l2cachesize"),
+    "L3": ("hw.l3cachesize",),
+}
+
+
+def sysctl_cache_sizes(query: Callable[[str], str | None] | None = None) -> dict[str, int]:
+    """Cache sizes from sysctl (``query``, default :func:`sysctl`; whatever is present, a
+    size of 0 means none)."""
+    query = query or sysctl
+    sizes: dict[str, int] = {}
+    for key, names in _SYSCTL_CACHES.items():
+        for name in names:
+            value = query(name)
+            if value is not None and value.isdigit() and int(value) > 0:
+                sizes[key] = int(value)
+                break
+    return sizes
+
+
+def sysctl_cpu_flags(query: Callable[[str], str | None] | None = None) -> set[str]:
+    """x86 feature flags of an Intel Mac in /proc/cpuinfo's spelling ("AVX1.0" is "avx")."""
+    query = query or sysctl
+    words: set[str] = set()
+    for name in ("machdep.cpu.features", "machdep.cpu.leaf7_features"):
+        words |= {w.lower() for w in (query(name) or "").split()}
+    return {"avx" if w == "avx1.0" else w for w in words}
+
+
 def usable_cores() -> int:
     """CPUs this process may run on (affinity/cgroup-aware where the OS says so)."""
     try:
@@ -120,6 +167,9 @@ def device_spec() -> DeviceSpec:
     else:
         vendor = "unknown"
     caches = cache_sizes()
+    if platform.system() == "Darwin":
+        caches = caches or sysctl_cache_sizes()
+        flags = flags or sysctl_cpu_flags()
     return DeviceSpec(
         name=cpu_model(),
         vendor=vendor,
