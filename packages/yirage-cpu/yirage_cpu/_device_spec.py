@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from yirage import DeviceSpec
+from yirage import Backend, DeviceSpec
 from yirage_cpu._probe import cpu_model
 
 #: No table: CPUs are described by a live query.
@@ -88,15 +87,9 @@ def simd_width_bits(flags: set[str], machine: str) -> int | None:
 
 
 def sysctl(name: str) -> str | None:
-    """``sysctl -n name`` (macOS/BSD), or None when it is missing or fails."""
-    try:
-        proc = subprocess.run(
-            ["sysctl", "-n", name], capture_output=True, text=True, timeout=5, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    out = proc.stdout.strip()
-    return out if proc.returncode == 0 and out else None
+    """``sysctl -n name`` (macOS/BSD), or None when it is missing or fails (the error text
+    has a colon and quotes, which no value of the names read here has)."""
+    return Backend._command_version("sysctl", "-n", name, match=r"^[A-Za-z0-9_. ]+$", timeout=5)
 
 
 #: sysctl names of the caches, P-cores first (Apple silicon reports per performance level).

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from yirage import _cache
+from yirage import Backend, _cache
 from yirage._errors import BackendError, BackendUnavailableError
 from yirage_cpu._codegen import CODEGEN_VERSION
 from yirage_cpu._probe import _COMPILERS
@@ -319,22 +319,11 @@ def libomp_dirs() -> tuple[str, str] | None:
 
 @functools.lru_cache(maxsize=4)
 def _libomp_dirs(path: str) -> tuple[str, str] | None:
-    del path  # part of the memo key: shutil.which() below reads PATH
+    del path  # part of the memo key: `brew` is looked up on PATH
     candidates: list[tuple[str, str]] = []
-    brew = shutil.which("brew")
-    if brew is not None:
-        try:
-            prefix = subprocess.run(
-                [brew, "--prefix", "libomp"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            ).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            prefix = ""
-        if prefix:
-            candidates.append((f"{prefix}/include", f"{prefix}/lib"))
+    prefix = Backend._command_version("brew", "--prefix", "libomp", match=r"^/", timeout=30)
+    if prefix:
+        candidates.append((f"{prefix}/include", f"{prefix}/lib"))
     candidates.extend(_LIBOMP_DIRS)
     for include, lib in candidates:
         if Path(include, "omp.h").is_file():
