@@ -27,8 +27,9 @@ from yirage._bench._timing import cuda_graph_median
 from yirage_cuda import CudaBackend
 from yirage_cuda._plan import parse_plan
 from yirage_cuda._runtime import profile
+from yirage_cuda._subtile import loop_subtile
 from yirage_cuda._toolchain import device_info
-from yirage_cuda._triton_codegen import TritonOptions, loop_split
+from yirage_cuda._triton_codegen import DEEP_STAGES, DEFAULT_STAGES, TritonOptions, loop_split
 
 
 def _rel_err(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
@@ -64,6 +65,20 @@ def main() -> None:
         default=["off"],
         help="print a normalised dot operand raw and scale the product (on, the backend's "
         "*_scaled variants), or as a quotient (off)",
+    )
+    ap.add_argument(
+        "--fine",
+        nargs="+",
+        choices=["on", "off"],
+        default=["off"],
+        help="cut the loop chunks as the backend's triton_fine* variants do (on) or not",
+    )
+    ap.add_argument(
+        "--pdl",
+        nargs="+",
+        choices=["on", "off"],
+        default=["off"],
+        help="programmatic dependent launch (on, sm_90+) or not",
     )
     ap.add_argument(
         "--cold",
@@ -102,14 +117,20 @@ def main() -> None:
             )
             if split > 1 and not chosen:
                 continue
-            for stages, warps, sad in itertools.product(
-                args.stages, args.warps, args.scale_after_dot
+            for stages, warps, sad, fine, pdl in itertools.product(
+                args.stages, args.warps, args.scale_after_dot, args.fine, args.pdl
             ):
+                cut = tuple((k.name, f) for k in p.generated if (f := loop_subtile(k)) > 1)
+                if fine == "on" and not cut:
+                    continue
                 opts = TritonOptions(
                     split_loop=chosen,
                     num_stages=stages or None,
                     scale_after_dot=sad == "on",
                     smem_limit=smem,  # the stage counts the backend prints
+                    subtile=cut if fine == "on" else (),
+                    max_stages=DEEP_STAGES if fine == "on" else DEFAULT_STAGES,
+                    pdl=pdl == "on",
                 )
                 be = CudaBackend(cuda_cpp=False, triton_options=dataclasses.replace(opts))
                 printed = copy.deepcopy(plan)
@@ -118,7 +139,7 @@ def main() -> None:
                         kd["warps"] = warps
                 what = (
                     f"split {split:3d} stages {stages or '-':>2} warps {warps or '-':>2} "
-                    f"scale-after-dot {sad}"
+                    f"scale-after-dot {sad} fine {fine} pdl {pdl}"
                 )
                 try:
                     kern = be.load(be.compile(be.codegen(printed)))

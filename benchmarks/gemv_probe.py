@@ -31,9 +31,40 @@ def _gemv(
     x, w1, w2, o, w1d, w2d,
     M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, VALID: tl.constexpr,
     BK: tl.constexpr, STAGES: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
+    PDL: tl.constexpr, PF: tl.constexpr,
 ):  # fmt: skip
     # MODE 0: rms_norm(x) @ w1; 1: silu(x @ w1) * (x @ w2); 2: read w1 only (sum)
+    # PDL (programmatic dependent launch) 0: off; 1: wait, then let the next grid launch;
+    # 2: the same, the next grid launched after the loop; PF > 0: first prefetch this block's
+    # first PF rows of W into L2 (before the wait: a prefetch returns no data, so it is
+    # harmless whatever the grid before writes)
     pid = tl.program_id(0)
+    if PF > 0:
+        pr = tl.arange(0, PF)
+        pc = pid * VALID + tl.arange(0, 2) * (VALID - 1)  # first and last column: both lines
+        pp = w1 + pr[:, None] * N + pc[None, :]
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // dummy $0",
+            "=r,l",
+            [pp],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+        if MODE == 1:
+            pp2 = w2 + pr[:, None] * N + pc[None, :]
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1]; // dummy $0",
+                "=r,l",
+                [pp2],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
+    if PDL > 0:
+        tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
     cols = pid * VALID + tl.arange(0, BN)
     cmask = (tl.arange(0, BN) < VALID)[None, :]
     rows = tl.arange(0, M)
@@ -65,6 +96,8 @@ def _gemv(
                 else:
                     t2 = tl.load(w2 + ks[:, None] * N + cols[None, :], mask=cmask, other=0.0)
                 acc2 = tl.dot(xt, t2, acc2)
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     optr = o + rows[:, None] * N + cols[None, :]
     if MODE == 0:
         res = acc1 / tl.sqrt(ss / K + 1e-6)
@@ -83,6 +116,8 @@ def main() -> None:
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4, 5])
     ap.add_argument("--warps", type=int, nargs="+", default=[4])
     ap.add_argument("--tma", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--pdl", type=int, nargs="+", default=[0], help="see the kernel")
+    ap.add_argument("--pf", type=int, nargs="+", default=[0], help="rows of W prefetched")
     a = ap.parse_args()
     dev = torch.device("cuda")
     m, kk = 16, 4096
@@ -111,14 +146,15 @@ def main() -> None:
         nbytes = w1.numel() * 2 * (2 if mode == "mlp" else 1)
         print(f"== {mode}: {nbytes / 1e6:.1f} MB of weights, roofline at 3.0 TB/s "
               f"{nbytes / 3.0e6:.1f} µs", flush=True)  # fmt: skip
-        best: dict[int, tuple[float, str]] = {}
-        for bn, bk, st, wp, tma in itertools.product(a.bn, a.bk, a.stages, a.warps, a.tma):
+        best: dict[tuple[int, int, int], tuple[float, str]] = {}
+        combos = itertools.product(a.bn, a.bk, a.stages, a.warps, a.tma, a.pdl, a.pf)
+        for bn, bk, st, wp, tma, pdl, pf in combos:
             if tma and TensorDescriptor is None:
                 continue
             pad = triton.next_power_of_2(bn)
             if (tma and pad != bn) or n % bn:
                 continue
-            label = f"bn={bn:3d} bk={bk:3d} stages={st} warps={wp} tma={tma}"
+            label = f"bn={bn:3d} bk={bk:3d} stages={st} warps={wp} tma={tma} pdl={pdl} pf={pf}"
             d1 = d2 = None
             if tma:
                 d1 = TensorDescriptor.from_tensor(w1, [bk, bn])
@@ -127,9 +163,11 @@ def main() -> None:
 
             args = (x, w1, w2, o, d1, d2)
             meta = dict(M=m, K=kk, N=n, BN=pad, VALID=bn, BK=bk, STAGES=st, MODE=code, TMA=tma)
+            meta.update(PDL=pdl, PF=pf)
 
-            def run(args=args, meta=meta, grid=grid, wp=wp, st=st):
-                _gemv[grid](*args, **meta, num_warps=wp, num_stages=st)
+            def run(args=args, meta=meta, grid=grid, wp=wp, st=st, pdl=pdl):
+                kw = {"launch_pdl": True} if pdl else {}
+                _gemv[grid](*args, **meta, num_warps=wp, num_stages=st, **kw)
 
             try:
                 run()
@@ -141,10 +179,10 @@ def main() -> None:
                 continue
             flag = "" if err < 1e-2 else f" WRONG {err:.1e}"
             print(f"  {label}: {us:6.1f} µs  {nbytes / us / 1e6:.2f} TB/s{flag}", flush=True)
-            if not flag and (tma not in best or us < best[tma][0]):
-                best[tma] = (us, label)
-        for tma, (us, label) in sorted(best.items()):
-            print(f"  -> best {mode} tma={tma}: {us:.1f} µs ({label})", flush=True)
+            if not flag and ((tma, pdl, pf) not in best or us < best[tma, pdl, pf][0]):
+                best[tma, pdl, pf] = (us, label)
+        for (tma, pdl, pf), (us, label) in sorted(best.items()):
+            print(f"  -> best {mode} tma={tma} pdl={pdl} pf={pf}: {us:.1f} µs ({label})")
 
 
 if __name__ == "__main__":

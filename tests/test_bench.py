@@ -273,7 +273,11 @@ def test_harness_writes_schema_report_and_png(tmp_path: Path) -> None:
     assert run["command"].startswith("yirage bench") and run["date"]
 
 
-def test_wrong_contestant_is_flagged_not_timed(tmp_path: Path) -> None:
+def test_wrong_contestant_is_flagged_not_timed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("YIRAGE_CUDA_PDL", "0")  # recorded: it changes how kernels launch
+
     def garbage(*tensors: Any) -> list[Any]:
         return [torch.randn(4, 48)]
 
@@ -294,6 +298,9 @@ def test_wrong_contestant_is_flagged_not_timed(tmp_path: Path) -> None:
     assert results["geomean_speedup_vs_eager"] is None
     md = (folder / "results.md").read_text()
     assert "WRONG" in md and "INCORRECT" in md
+    assert "- YIRAGE_* variables set: " in md and "YIRAGE_CUDA_PDL=0" in md
+    run = json.loads((folder / "run.json").read_text())
+    assert run["yirage_env"]["YIRAGE_CUDA_PDL"] == "0"
 
 
 def test_wrong_yirage_is_flagged(tmp_path: Path) -> None:

@@ -71,6 +71,13 @@ def test_threads_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("YIRAGE_REQUIRE_DEVICE", "maybe")
     with pytest.raises(yr.ConfigError):
         _env.require_device()
+    monkeypatch.delenv("YIRAGE_CUDA_PDL", raising=False)
+    assert _env.cuda_pdl()  # on unless turned off
+    monkeypatch.setenv("YIRAGE_CUDA_PDL", "0")
+    assert not _env.cuda_pdl()
+    monkeypatch.setenv("YIRAGE_CUDA_PDL", "sometimes")
+    with pytest.raises(yr.ConfigError, match="YIRAGE_CUDA_PDL='sometimes': expected 1 or 0"):
+        _env.cuda_pdl()
     monkeypatch.setenv("YIRAGE_LOGS", "debug")
     assert _env.log_level() == logging.DEBUG
     monkeypatch.setenv("YIRAGE_LOGS", "chatty")

@@ -262,6 +262,17 @@ def device_info(index: int | None = None) -> DeviceInfo | None:
 _IMPORT_LOCK = threading.Lock()
 
 
+@functools.cache
+def triton_has_pdl() -> bool:
+    """Whether the installed Triton prints programmatic dependent launch (``gdc_wait`` and
+    ``gdc_launch_dependents`` in ``triton.language.extra.cuda``, Triton 3.3 and newer)."""
+    try:
+        cuda = importlib.import_module("triton.language.extra.cuda")
+    except Exception:
+        return False
+    return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
+
+
 def pin_triton_defaults() -> None:
     """Pin Triton knobs whose defaults are announced to change (Triton 3.9 warns about
     TRITON_DEFAULT_FP_FUSION), so printed kernels compile the same way across Triton
@@ -413,8 +424,9 @@ def aot_compile_triton(
     module: ModuleType, buffer_dtypes: Mapping[int, str], arch: int = 90
 ) -> dict[str, dict[str, Any]]:
     """Compile every kernel of a (non-interpreted) printed module for ``sm_<arch>`` ahead of
-    time. Returns per kernel: shared memory bytes, stages, warps, and the target. Raises
-    ToolchainError with Triton's message when a kernel does not compile."""
+    time. Returns per kernel: shared memory bytes, stages, warps, the target and whether
+    its PTX waits on the grid before (``pdl``: printed with programmatic dependent launch).
+    Raises ToolchainError with Triton's message when a kernel does not compile."""
     pin_triton_defaults()
     try:
         triton = importlib.import_module("triton")
@@ -448,7 +460,11 @@ def aot_compile_triton(
             compiled = triton.compile(
                 ASTSource(fn, sig, {"NUM_STAGES": stages}, attrs),
                 target=GPUTarget("cuda", arch, 32),
-                options={"num_warps": int(info["num_warps"]), "num_stages": stages},
+                options={
+                    "num_warps": int(info["num_warps"]),
+                    "num_stages": stages,
+                    "launch_pdl": bool(info.get("pdl", False)),
+                },
             )
         except Exception as exc:
             raise ToolchainError(
@@ -460,6 +476,7 @@ def aot_compile_triton(
             "num_warps": int(info["num_warps"]),
             "target": f"sm_{arch}",
             "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "pdl": "griddepcontrol.wait" in str(compiled.asm.get("ptx", "")),
         }
     return out
 

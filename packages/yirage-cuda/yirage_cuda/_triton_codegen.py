@@ -89,7 +89,11 @@ class TritonOptions:
     scaled instead (see :meth:`_KernelPrinter._scaled_after_dot`); the backend profiles it as
     a variant of its own. ``subtile``: (kernel name, f) pairs; such a kernel's loop chunks are
     cut f ways (:func:`~yirage_cuda._subtile.subtile_kernel`, a CodegenError where that does
-    not apply).
+    not apply). ``pdl``: launch with programmatic dependent launch (sm_90+): every kernel
+    first waits for the grids before it in the stream (``griddepcontrol.wait``, before any
+    global memory access, so it may read what they wrote) and then lets the next grid launch,
+    whose blocks get resident and wait while this one runs: back-to-back kernels no longer
+    pay the launch gap and the ramp-up between them.
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -104,13 +108,15 @@ class TritonOptions:
     last_block_combine: bool = True
     scale_after_dot: bool = False
     subtile: tuple[tuple[str, int], ...] = ()
+    pdl: bool = False
 
     def key(self) -> str:
         return (
             f"stages={self.num_stages};fp32dot={self.fp32_dot_precision};smem={self.smem_limit};"
             f"bf16dot32={self.bf16_dot_as_fp32};split={list(self.split_loop)};"
             f"max_stages={self.max_stages};last_block={self.last_block_combine};"
-            f"scale_after_dot={self.scale_after_dot};subtile={list(self.subtile)}"
+            f"scale_after_dot={self.scale_after_dot};subtile={list(self.subtile)};"
+            f"pdl={self.pdl}"
         )
 
 
@@ -906,7 +912,13 @@ class _KernelPrinter:
 
     def _head(self, name: str, extra: str = "") -> list[str]:
         params = ", ".join(f"buf{b}" for b in self.params)
-        return ["@triton.jit", f"def {name}({params}{extra}, NUM_STAGES: tl.constexpr):"]
+        head = ["@triton.jit", f"def {name}({params}{extra}, NUM_STAGES: tl.constexpr):"]
+        if self.opts.pdl:
+            head += [
+                "    tl.extra.cuda.gdc_wait()  # the grids before have finished and flushed",
+                "    tl.extra.cuda.gdc_launch_dependents()  # the next grid may launch",
+            ]
+        return head
 
     def _dual_use_loads(self, loop_ops: list[TileOp]) -> set[int]:
         """Streamed loads that feed a ``tl.dot`` and also a non-dot op in the loop.
@@ -1281,7 +1293,12 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
             k = cut
         pr = _KernelPrinter(p, k, opts)
         n_split = splits.get(k.name, 1)
-        info = {"grid": list(k.grid), "num_warps": k.warps, "num_stages": pr.stages()}
+        info = {
+            "grid": list(k.grid),
+            "num_warps": k.warps,
+            "num_stages": pr.stages(),
+            "pdl": opts.pdl,
+        }
         if n_split > 1:
             kernel_blocks.append(pr.print_split(n_split, opts.last_block_combine))
             gx, gy, gz = k.grid
@@ -1319,6 +1336,7 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
             return f"{name}[{grid}]({args}, {kw})"
 
         args = ", ".join(names[b] for b in printers[k.name].params)
+        pdl = ", launch_pdl=True" if opts.pdl else ""
         n_split = splits.get(k.name, 1)
         if n_split == 1:
             return [
@@ -1327,7 +1345,7 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                     k.name,
                     tuple(k.grid),
                     args,
-                    f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st",
+                    f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{pdl}",
                 ),
             ]
         gx, gy, gz = k.grid
@@ -1343,7 +1361,7 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                     k.name,
                     (gx * n_split, gy, gz),
                     f"{args}, ws, cnt",
-                    f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st",
+                    f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{pdl}",
                 ),
             ]
         return [
@@ -1353,13 +1371,13 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                 k.name,
                 (gx * n_split, gy, gz),
                 f"{args}, ws",
-                f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st",
+                f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{pdl}",
             ),
             call(
                 f"{k.name}_combine",
                 tuple(k.grid),
                 f"{args}, ws",
-                f"NUM_STAGES=1, num_warps={k.warps}, num_stages=1",
+                f"NUM_STAGES=1, num_warps={k.warps}, num_stages=1{pdl}",
             ),
         ]
 

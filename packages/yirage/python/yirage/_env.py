@@ -18,6 +18,7 @@ __all__ = [
     "EnvVar",
     "backends",
     "cache_dir",
+    "cuda_pdl",
     "log_level",
     "require_device",
     "threads",
@@ -53,6 +54,14 @@ YIRAGE_CACHE_DIR = EnvVar(
     "$XDG_CACHE_HOME/yirage, or ~/.cache/yirage when XDG_CACHE_HOME is unset",
     "Directory of yirage's on-disk cache.",
 )
+YIRAGE_CUDA_PDL = EnvVar(
+    "YIRAGE_CUDA_PDL",
+    "1",
+    "'0' launches the cuda backend's Triton kernels without programmatic dependent launch. "
+    "With it (sm_90 and newer; attention kernels excepted), each kernel waits for the kernels "
+    "before it and lets the next one launch early, so back-to-back kernels overlap their "
+    "launch gap.",
+)
 YIRAGE_LOGS = EnvVar(
     "YIRAGE_LOGS",
     "WARNING",
@@ -73,6 +82,7 @@ YIRAGE_THREADS = EnvVar(
 ENV_VARS: tuple[EnvVar, ...] = (
     YIRAGE_BACKENDS,
     YIRAGE_CACHE_DIR,
+    YIRAGE_CUDA_PDL,
     YIRAGE_LOGS,
     YIRAGE_REQUIRE_DEVICE,
     YIRAGE_THREADS,
@@ -123,16 +133,25 @@ def log_level() -> int:
     return int(getattr(logging, upper))
 
 
-def require_device() -> bool:
-    """True when ``YIRAGE_REQUIRE_DEVICE`` asks hardware tests to fail instead of skip."""
-    raw = YIRAGE_REQUIRE_DEVICE.raw()
+def _flag(var: EnvVar, unset: bool) -> bool:
+    raw = var.raw()
     if raw is None:
-        return False
+        return unset
     if raw.lower() in _TRUE:
         return True
     if raw.lower() in _FALSE:
         return False
-    raise ConfigError(f"YIRAGE_REQUIRE_DEVICE={raw!r}: expected 1 or 0")
+    raise ConfigError(f"{var.name}={raw!r}: expected 1 or 0")
+
+
+def require_device() -> bool:
+    """True when ``YIRAGE_REQUIRE_DEVICE`` asks hardware tests to fail instead of skip."""
+    return _flag(YIRAGE_REQUIRE_DEVICE, unset=False)
+
+
+def cuda_pdl() -> bool:
+    """False when ``YIRAGE_CUDA_PDL`` turns programmatic dependent launch off (default on)."""
+    return _flag(YIRAGE_CUDA_PDL, unset=True)
 
 
 def threads() -> int | None:

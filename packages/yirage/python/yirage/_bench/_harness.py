@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from yirage._bench import _report, _roofline, _timing
+from yirage._env import ENV_VARS
 from yirage._errors import ConfigError
 
 __all__ = ["COMPILE_MODE", "CONTESTANTS", "BenchConfig", "Case", "run_bench", "select_cases"]
@@ -722,6 +723,8 @@ def run_bench(
             "graph_replays": cfg.graph_replays,
             "time_budget_s": cfg.time_budget_s,
         },
+        # every YIRAGE_* variable that was set (YIRAGE_CUDA_PDL=0 changes the kernels' launch)
+        "yirage_env": {v.name: v.raw() for v in ENV_VARS if v.raw() is not None},
     }
     if device == "cpu" and hasattr(os, "getloadavg"):
         run_info["load_average_at_start"] = list(os.getloadavg())

@@ -185,6 +185,8 @@ def write_markdown(results: Mapping[str, Any], run: Mapping[str, Any], path: Pat
         f"- measured now: copy bandwidth {results['copy_bw_TBps'] * 1e3:.1f} GB/s "
         f"(read + written), matmul {results['matmul_TFLOPs']:.3g} TFLOP/s",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+        "- YIRAGE_* variables set: "
+        + (", ".join(f"{k}={v}" for k, v in run.get("yirage_env", {}).items()) or "none"),
         f"- geomean speedup of yirage: x{_f(results['geomean_speedup_vs_compile'], '.2f')} vs "
         f"torch.compile, x{_f(results['geomean_speedup_vs_eager'], '.2f')} vs eager",
         "",
