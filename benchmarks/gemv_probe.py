@@ -27,6 +27,18 @@ except ImportError:  # older Triton: no host-side descriptors
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; // dummy $0",
+        "=r,l",
+        [ptrs],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _gemv(
     x, w1, w2, o, w1d, w2d,
     M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, VALID: tl.constexpr,
@@ -42,25 +54,9 @@ def _gemv(
     if PF > 0:
         pr = tl.arange(0, PF)
         pc = pid * VALID + tl.arange(0, 2) * (VALID - 1)  # first and last column: both lines
-        pp = w1 + pr[:, None] * N + pc[None, :]
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; // dummy $0",
-            "=r,l",
-            [pp],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+        _prefetch_l2(w1 + pr[:, None] * N + pc[None, :])
         if MODE == 1:
-            pp2 = w2 + pr[:, None] * N + pc[None, :]
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; // dummy $0",
-                "=r,l",
-                [pp2],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
+            _prefetch_l2(w2 + pr[:, None] * N + pc[None, :])
     if PDL > 0:
         tl.extra.cuda.gdc_wait()
     if PDL == 1:
