@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _pinned_spec import REFERENCE_CPU
 
 import yirage as yr
 from yirage import _collectives, _core, _search
@@ -268,7 +269,7 @@ def test_simulated_collective_sums_in_rank_order() -> None:
 @cpu_only
 def test_superoptimize_tensor_parallel_on_cpu(rng: np.random.Generator, tmp_path: Path) -> None:
     g = _tensor_parallel(2)
-    k = yr.superoptimize(g, backend="cpu", time_limit=30, **FAST)
+    k = yr.superoptimize(g, backend="cpu", time_limit=30, device_spec=REFERENCE_CPU, **FAST)
     assert k.world_size == 2
     rep = k.report
     assert rep.max_rel_err is not None and rep.max_rel_err <= 1e-4
@@ -305,7 +306,7 @@ def test_superoptimize_tensor_parallel_on_cpu(rng: np.random.Generator, tmp_path
 
 def test_search_splits_at_all_reduce() -> None:
     g = _tensor_parallel(2)
-    res = yr.search(g, backend="cpu", time_limit=30, cache=False)
+    res = yr.search(g, backend="cpu", time_limit=30, cache=False, device_spec=REFERENCE_CPU)
     assert any(c.baseline for c in res.candidates)
     assert "split into 2 collective-free part(s)" in res.report.notes[0]
     for c in res.candidates:
@@ -316,14 +317,14 @@ def test_search_splits_at_all_reduce() -> None:
     m = yr.new_kernel_graph(world_size=2)
     x, w = m.new_input((8, 256), F32), m.new_input((256, 128), F32)
     m.mark_output(m.matmul(x, w))
-    rm = yr.search(m, backend="cpu", time_limit=30, cache=False)
+    rm = yr.search(m, backend="cpu", time_limit=30, cache=False, device_spec=REFERENCE_CPU)
     assert any(not c.baseline for c in rm.candidates), rm.report
     assert all(c.graph.world_size == 2 for c in rm.candidates)
     assert all(yr.equivalent(c.graph, m) for c in rm.candidates)
     # a graph that is only a collective has nothing to fuse and says so
     h = yr.new_kernel_graph(world_size=2)
     h.mark_output(h.all_reduce(h.new_input((4, 8), F32)))
-    r2 = yr.search(h, backend="cpu", time_limit=5, cache=False)
+    r2 = yr.search(h, backend="cpu", time_limit=5, cache=False, device_spec=REFERENCE_CPU)
     assert [c.baseline for c in r2.candidates] == [True]
     assert r2.report.stop_reason.startswith("no_candidates: the target contains all_reduce")
 

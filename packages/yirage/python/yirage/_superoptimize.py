@@ -8,9 +8,13 @@ backend, its toolchain and the chosen candidate — including when that is the u
 library baseline.
 
 Warm path: the decision (chosen plan + report) is cached on disk under the graph hash, the
-backend and its version, the DeviceSpec, the core version and the search options. A warm
-call re-prints the plan, finds the compiled code in the cache and re-runs the numeric check,
-but skips search and profiling (``report.from_cache``). Pass ``cache=False`` to redo it all.
+backend and its version, the DeviceSpec (and the one the search was pinned to, if any), the
+core version and the search options. A warm call re-prints the plan, finds the compiled code
+in the cache and re-runs the numeric check, but skips search and profiling
+(``report.from_cache``). Pass ``cache=False`` to redo it all. A decision whose profiling was
+noisy (a candidate's best round not reproduced: other load on the device) is not cached
+unless the caller passes ``cache_noisy=True``: a loaded machine must not fix a choice that a
+quiet one would make differently.
 
 Shapes: candidates are built for the graph's equal-rank form (numpy rank promotion made
 explicit, see ``yirage._kernel.Shapes``); check inputs are drawn in the graph's shapes and
@@ -36,7 +40,7 @@ import numpy as np
 
 from yirage import _cache, _collectives
 from yirage._backend import Backend
-from yirage._errors import BackendUnavailableError, YirageError
+from yirage._errors import BackendUnavailableError, GraphError, YirageError
 from yirage._graph import KernelGraph
 from yirage._kernel import (
     CandidateReport,
@@ -56,7 +60,7 @@ from yirage._logging import get_logger
 __all__ = ["SuperoptimizeError", "resolve_backend", "superoptimize"]
 
 _log = get_logger("yirage.superoptimize")
-DECISION_VERSION = "7"
+DECISION_VERSION = "8"
 #: Interleaved profiling rounds per candidate (``profile_options={"rounds": n}``).
 PROFILE_ROUNDS = 8
 
@@ -180,6 +184,7 @@ def _decision_path(
     graph: KernelGraph,
     be: Backend,
     spec_json: str,
+    pinned_json: str,
     top_k: int,
     config: Any,
     options: dict[str, Any],
@@ -191,6 +196,7 @@ def _decision_path(
         "backend": be.name,
         "backend_version": be.package_version,
         "device": spec_json,
+        "searched_for": pinned_json,
         "core": _core.__version__,
         "yirage": __version__,
         "top_k": str(top_k),
@@ -234,27 +240,75 @@ def superoptimize(
     check: bool = True,
     *,
     cache: bool = True,
+    cache_noisy: bool = False,
+    device_spec: Any = None,
     profile_options: Mapping[str, Any] | None = None,
     **search_options: Any,
 ) -> OptimizedKernel:
-    """Superoptimize ``graph`` for ``backend`` (a name, a Backend, or None for the first
-    available) and return the fastest candidate that passes the numeric check.
+    """Superoptimize ``graph`` on ``backend`` and return the fastest candidate that passes
+    the numeric check, as an :class:`~yirage.OptimizedKernel` (call it on tensors; its
+    ``report`` says what was tried, measured and chosen).
 
-    ``config`` and ``search_options`` go to ``yirage.search``; ``top_k`` candidates are
-    compiled, checked (``check``: against the float64 reference on fresh random inputs,
-    relative Frobenius error ≤ 1e-4 for float32, 1e-2 float16, 2e-2 bfloat16) and profiled.
-    Passing candidates are profiled round-robin (``PROFILE_ROUNDS`` interleaved turns of
-    about 0.2 s / rounds each, fewer for those far behind after ``PRUNE_AFTER_ROUNDS``; a
-    candidate's time is its best turn's median), so load from
-    other processes hits every candidate alike. ``profile_options`` go to the backend's
-    ``profile`` (e.g. ``min_time_s``; ``rounds`` sets the number of turns)."""
+    Steps: search (:func:`yirage.search`) → KernelPlan → codegen → compile → numeric check
+    against the float64 reference evaluator → profiling of the passing candidates and the
+    unfused library baseline → the fastest one.
+
+    Args:
+        graph: the kernel graph; it needs at least one output (``mark_output``).
+        backend: a backend name (``"cpu"``, ``"cuda"`` …), a :class:`~yirage.Backend`, or
+            None for the best available backend that has a code generator.
+        config: what to search: a preset (``"attention"``, ``"mlp"``, ``"lora"``: they
+            narrow the space for a workload family) or a mapping of search options; passed
+            to :func:`yirage.search` as its ``config``.
+        top_k: how many fused candidates (best predicted first) are built, checked and
+            profiled; the library baseline is always profiled too.
+        check: run the numeric check (fresh random inputs; relative Frobenius error ≤ 1e-4
+            for float32, 1e-2 float16, 2e-2 bfloat16). Without it a wrong kernel can win.
+        cache: use the on-disk decision cache (``YIRAGE_CACHE_DIR``): a warm call with the
+            same graph, backend, device, versions and options skips search and profiling,
+            re-builds the cached plan and re-runs the numeric check
+            (``report.from_cache``). ``cache=False`` neither reads nor writes the decision,
+            so every candidate is profiled again (the search's own cache and compiled code
+            are still reused).
+        cache_noisy: also cache a decision whose profiling was noisy (a candidate's best
+            round was not reproduced, e.g. other load on the device). By default such a
+            decision is returned but not cached, so the next call profiles again; the
+            report's notes say which happened.
+        device_spec: search for this DeviceSpec (a :class:`~yirage.DeviceSpec`, a mapping
+            or JSON, as :func:`yirage.search` takes) instead of the backend's live one, so
+            what the search finds does not depend on the host (tests pin it). The
+            candidates are still built, checked and timed on the backend's device, and
+            code is printed for that device; the spec is part of the decision cache key.
+        profile_options: go to the backend's ``profile`` (e.g. ``min_time_s``;
+            ``rounds`` sets the number of interleaved profiling turns, default
+            ``PROFILE_ROUNDS``). Each candidate's time is its best turn's median, so load
+            from other processes hits every candidate alike; candidates far behind after
+            ``PRUNE_AFTER_ROUNDS`` turns are dropped from the race.
+        **search_options: further :func:`yirage.search` options (``time_limit``,
+            ``max_states``, ``threads``, ``seed``, ``deterministic``, ``max_kernel_ops`` …).
+
+    Raises:
+        GraphError: the graph has no outputs.
+        BackendUnavailableError: the backend is not installed or cannot run here (the
+            message names the fix, e.g. the package or compiler to install).
+        ConfigError: an unknown preset or search option, or an unusable ``device_spec``.
+        SuperoptimizeError: the search found no candidate, or none passed codegen,
+            compilation and the numeric check; its ``report`` lists each one's error.
+        KeyboardInterrupt: Ctrl-C (the search stops within a second).
+    """
     if not isinstance(graph, KernelGraph):
         raise TypeError(f"superoptimize() takes a yirage.KernelGraph, got {type(graph).__name__}")
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    if not graph.outputs:
+        raise GraphError(
+            "the graph has no outputs, so there is nothing to superoptimize: "
+            "call mark_output on the tensor(s) it should compute"
+        )
     t_start = time.perf_counter()
     be = resolve_backend(backend)
     spec = be.device_spec()
+    pinned_json, pinned_note = _pinned_spec(device_spec, be)
     toolchain = _toolchain(be)
     tol = tolerance_for(graph)
     shapes = Shapes(graph)
@@ -269,6 +323,8 @@ def superoptimize(
         tolerance=tol,
         check_seed=seed,
     )
+    if pinned_note:
+        report.notes.append(pinned_note)
 
     def reference_for(
         seed: int = seed, stored: list[np.ndarray] | None = None
@@ -282,7 +338,7 @@ def superoptimize(
         return tensors, reference_outputs(graph, shapes, tensors)
 
     decision = (
-        _decision_path(graph, be, spec.to_json(), top_k, config, dict(search_options))
+        _decision_path(graph, be, spec.to_json(), pinned_json, top_k, config, dict(search_options))
         if cache
         else None
     )
@@ -302,7 +358,10 @@ def superoptimize(
     on_device = be.check_input_generator() is not None
     arrays = None if on_device else _in_background(check_arrays, graph, shapes, seed)
     t0 = time.perf_counter()
-    candidates, search_report = _search(graph, be, config, {"top_k": top_k, **search_options})
+    pin = {} if device_spec is None else {"device_spec": device_spec}
+    candidates, search_report = _search(
+        graph, be, config, {"top_k": top_k, **pin, **search_options}
+    )
     report.search_s = time.perf_counter() - t0
     report.search = search_report
     if arrays is None:
@@ -435,11 +494,7 @@ def superoptimize(
             report.candidates[index].description += f" (variant {launcher.variant}: {times})"
     noisy = _noisy({i: ts for i, ts in spread.items() if i not in pruned})
     if noisy:
-        report.notes.append(
-            "timings were noisy (a candidate's best profiling round was not reproduced: other "
-            "load on the device?); the decision is cached all the same: call superoptimize "
-            "with cache=False on a quieter device to profile again"
-        )
+        report.notes.append(_noisy_note(cache=decision is not None, cache_noisy=cache_noisy))
     passing = [
         (report.candidates[i].measured_us or math.inf, i, plan, source, launcher)
         for _, i, plan, source, launcher in passing
@@ -460,7 +515,7 @@ def superoptimize(
     chosen = report.candidates[best_index]
     _choose(report, chosen, plan)
     report.total_s = time.perf_counter() - t_start
-    if decision is not None:
+    if decision is not None and (cache_noisy or not noisy):
         with _cache.locked(decision):
             _cache.write_json(decision, {"plan": plan, "report": report.to_dict()})
             if check:
@@ -468,6 +523,40 @@ def superoptimize(
                 _save_reference(decision, seed, check_input_generator(be), flat)
     return OptimizedKernel(
         graph=graph, backend=be, plan=plan, source=source, launcher=launcher, report=report
+    )
+
+
+def _pinned_spec(device_spec: Any, be: Backend) -> tuple[str, str]:
+    """(canonical JSON, report note) of a DeviceSpec the search is pinned to; ("", "")
+    without one. An unusable spec raises ConfigError here, before anything is built."""
+    if device_spec is None:
+        return "", ""
+    from yirage._search import device_spec_json
+
+    spec_json, _ = device_spec_json(device_spec, be.name)
+    summary = device_spec.summary() if hasattr(device_spec, "summary") else spec_json
+    return spec_json, (
+        f"the search used the DeviceSpec given as device_spec= ({summary}), not this "
+        f"device's; the candidates were built, checked and timed on {be.name}"
+    )
+
+
+def _noisy_note(*, cache: bool, cache_noisy: bool) -> str:
+    """The report's note on noisy profiling, saying whether the decision was cached."""
+    what = (
+        "timings were noisy (a candidate's best profiling round was not reproduced: other "
+        "load on the device?); "
+    )
+    if not cache:
+        return what + "nothing was cached (cache=False)"
+    if cache_noisy:
+        return what + (
+            "the decision was cached all the same (cache_noisy=True): call superoptimize "
+            "with cache=False on a quieter device to profile again"
+        )
+    return what + (
+        "the decision was not cached, so the next call profiles again; pass "
+        "cache_noisy=True to cache it anyway"
     )
 
 
