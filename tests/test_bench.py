@@ -59,16 +59,18 @@ class _FakeReport:
 class FakeOptimizer:
     """Stands in for superoptimize in harness-mechanics tests: the "kernel" runs the torch
     reference of the workload whose graph it was given; the second call per graph reports a
-    cache hit; it records the YIRAGE_CACHE_DIR it saw."""
+    cache hit; it records the YIRAGE_CACHE_DIR it saw and the options of each call."""
 
     def __init__(self, workloads: list[_workloads.Workload]) -> None:
         self.by_hash = {w.graph("cpu").hash(): w for w in workloads}
         self.calls: dict[str, int] = {}
         self.cache_dirs: list[str | None] = []
+        self.options: list[dict[str, Any]] = []
 
     def __call__(self, graph: yr.KernelGraph, backend: str, **options: Any) -> Any:
         assert backend == "cpu"
-        assert set(options) <= {"config"}
+        assert set(options) <= {"config", "cache_noisy"}
+        self.options.append(options)
         h = graph.hash()
         self.calls[h] = self.calls.get(h, 0) + 1
         self.cache_dirs.append(_env.YIRAGE_CACHE_DIR.raw())
@@ -263,6 +265,9 @@ def test_harness_writes_schema_report_and_png(tmp_path: Path) -> None:
     assert len(fake.cache_dirs) == 6 and all(fake.cache_dirs)
     assert fake.cache_dirs[0] == fake.cache_dirs[1] != fake.cache_dirs[2]
     assert not Path(str(fake.cache_dirs[0])).exists()  # temporary, removed after the run
+    # the cold call caches its decision even when profiling was noisy: the warm call must
+    # measure the warm path
+    assert [o.get("cache_noisy") for o in fake.options] == [True, None] * 3
 
     png = folder / "results.png"
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 1000
@@ -370,6 +375,76 @@ def test_time_budget_and_append(tmp_path: Path) -> None:
     assert second["rows"][0]["run_date"]  # an appended row says which run measured it
     alone, _ = _harness.run_bench([b], _cfg(tmp_path, superoptimize=fake))
     assert [r["workload"] for r in alone["rows"]] == ["lora_b4"]  # no --append: replaced
+
+
+def _results(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    full = [
+        {
+            "workload": f"w{i}",
+            "yirage_us": 10.0,
+            "eager_us": 20.0,
+            "compile_us": 1760.0,
+            "expert_us": None,
+            "roofline_us": 1.0,
+            "search_s": 0.1,
+            "codegen_compile_s": 0.1,
+            "warm_s": 0.01,
+            "max_rel_err": 1e-7,
+            "timing": "wall",
+            **r,
+        }
+        for i, r in enumerate(rows)
+    ]
+    return _report.build_results(
+        device="d", backend="cpu", versions={}, copy_bw_Bps=1e9, matmul_flops=1e9, rows=full
+    )
+
+
+def test_a_noisy_run_is_flagged_in_the_headline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ratio is only as good as its worse side: one noisy contestant (here only yirage's
+    column, as in a loaded run that headlined 176x vs torch.compile), yirage's own noisy
+    profiling or a run-level sign of load marks the headline NOISY, in results.md and in
+    what `yirage bench` prints; a quiet run's headline has no flag."""
+    quiet = _results([{}, {}])
+    assert _report.noise_flags(quiet, {}) == []
+    assert _report.headline(quiet, {}) == (
+        "geomean speedup of yirage: 176.00x vs torch.compile, 2.00x vs eager"
+    )
+    noisy = _results([{"noisy": {"yirage": 2.4}}, {}])
+    line = _report.headline(noisy, {})
+    assert line.startswith("geomean speedup of yirage: 176.00x vs torch.compile")
+    assert "NOISY, not a result to quote" in line and "w0 (yirage)" in line and "w1" not in line
+    chosen = _results([{"yirage_notes": ["timings were noisy (…); the decision was cached"]}])
+    assert _report.noise_flags(chosen, {}) == ["w0 (yirage's own profiling)"]
+    run = {"noise": ["load average 3.10 on 2 cores at the start: other processes ran"]}
+    assert "NOISY" in _report.headline(quiet, run) and "load average 3.10" in (
+        _report.headline(quiet, run)
+    )
+
+    _report.write_all(noisy, {}, tmp_path, plot=False)
+    md = (tmp_path / "results.md").read_text()
+    (head,) = [ln for ln in md.splitlines() if "geomean speedup" in ln]
+    assert "NOISY" in head and "w0 (yirage)" in head
+
+    from yirage import cli
+
+    monkeypatch.setattr(_harness, "run_bench", lambda workloads, cfg: (noisy, tmp_path))
+    assert cli.main(["bench", "--out", str(tmp_path), "--no-plot"]) == 0
+    (printed,) = [ln for ln in capsys.readouterr().out.splitlines() if "geomean" in ln]
+    assert "176.00x vs torch.compile" in printed and "NOISY" in printed
+
+
+def test_run_level_signs_of_load() -> None:
+    assert _harness.busy_at_start(0.4, 2) == []
+    assert _harness.busy_at_start(2.5, 2) == [
+        "load average 2.50 on 2 cores at the start: other processes ran"
+    ]
+    a = _roofline.DeviceRates(copy_bw_Bps=20e9, matmul_flops=100e9, detail={})
+    assert _harness.rates_moved(a, _roofline.DeviceRates(18e9, 90e9, {})) == []
+    (note,) = _harness.rates_moved(a, _roofline.DeviceRates(20e9, 40e9, {}))
+    assert "matmul rate by x2.50" in note and "copy" not in note
 
 
 def test_report_rejects_bad_schema() -> None:

@@ -100,3 +100,111 @@ def test_main_returns_1_on_yirage_errors_and_keeps_bugs_loud(
     monkeypatch.setattr(cli, "_cmd_doctor", bug)
     with pytest.raises(KeyError):
         cli.main(["doctor"])
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_an_unknown_demo_workload_is_one_line() -> None:
+    proc = _run("demo", "--workload", "rmsnorm_lineer")
+    assert proc.returncode == cli.EXIT_USAGE == 2, proc.stderr
+    line = _one_line(proc.stderr)
+    assert line.startswith("yirage: error: unknown workload 'rmsnorm_lineer' for --workload")
+    assert "rmsnorm_linear" in line and "all" in line
+
+
+def test_ctrl_c_is_one_line_and_exit_status_130(tmp_path: Path) -> None:
+    """A real SIGINT while a command runs (the command sends it to its own process)."""
+    script = (
+        "import os, signal, sys, time\n"
+        "from yirage import cli\n"
+        "def doctor(args):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(60)\n"
+        "cli._cmd_doctor = doctor\n"
+        "sys.exit(cli.main(['doctor']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "YIRAGE_CACHE_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == cli.EXIT_INTERRUPTED == 130, proc.stderr
+    assert _one_line(proc.stderr) == "yirage: error: interrupted (Ctrl-C)"
+
+
+def test_the_help_names_no_file_outside_the_repository(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in (["demo", "--help"], ["bench", "--help"], ["--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(command)
+        out = capsys.readouterr().out
+        assert "TARGETS" not in out and "ARCHITECTURE" not in out
+
+
+def test_bench_help_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pip install torch" in out and "pip install matplotlib" in out
+    assert "--no-plot skips the chart" in out
+
+
+@pytest.mark.parametrize(
+    ("hidden", "flags", "install"),
+    [
+        (("torch",), (), "pip install torch"),
+        (("matplotlib",), (), "pip install matplotlib"),
+        (("torch", "matplotlib"), (), "pip install torch matplotlib"),
+        (("torch", "matplotlib"), ("--no-plot",), "pip install torch"),
+    ],
+)
+def test_bench_checks_its_dependencies_before_measuring(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    hidden: tuple[str, ...],
+    flags: tuple[str, ...],
+    install: str,
+) -> None:
+    """A module set to None in sys.modules cannot be imported: as if it were not installed.
+    The check fails before anything is measured, in one line with the pip install line."""
+    from yirage._bench import _harness
+
+    for name in {"torch", "matplotlib"} - set(hidden):
+        pytest.importorskip(name)  # what is not hidden must be there
+
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the benchmark ran without its dependencies")
+
+    monkeypatch.setattr(_harness, "run_bench", measured)
+    for name in hidden:
+        monkeypatch.setitem(sys.modules, name, None)
+    assert cli.main(["bench", "--out", str(tmp_path), *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("yirage bench: needs ") and line.endswith(install)
+    assert ("--no-plot skips it" in line) == ("matplotlib" in install)
+    assert not any(tmp_path.iterdir())
+
+
+def test_bench_without_matplotlib_runs_with_no_plot(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    from yirage._bench import _harness
+
+    ran: list[bool] = []
+
+    def stop(workloads: object, cfg: _harness.BenchConfig) -> None:
+        ran.append(cfg.plot)
+        raise yr.ConfigError("stopped by the test")
+
+    monkeypatch.setattr(_harness, "run_bench", stop)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli.main(["bench", "--out", str(tmp_path), "--no-plot"]) == 2
+    assert ran == [False]

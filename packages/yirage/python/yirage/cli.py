@@ -3,7 +3,9 @@
 
 A YirageError ends the command with its message on stderr and exit status 1, without a
 Python traceback (``YIRAGE_LOGS=DEBUG`` prints the traceback too): yirage's messages name the
-fix, a traceback only buries it. Any other exception is a bug and keeps its traceback.
+fix, a traceback only buries it. A bad argument value is one line and exit status 2, Ctrl-C
+one line and exit status 130 (128 + SIGINT, as shells report it). Any other exception is a
+bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ from yirage._bench import add_bench_parser
 from yirage._errors import YirageError
 from yirage._logging import get_logger
 
-#: Exit status of a command that ended with a YirageError (argparse uses 2 for usage errors).
+#: Exit status of a command that ended with a YirageError.
 EXIT_ERROR = 1
+#: Exit status of a bad argument value (as argparse's usage errors).
+EXIT_USAGE = 2
+#: Exit status after Ctrl-C: 128 + SIGINT, what a shell reports for an interrupted command.
+EXIT_INTERRUPTED = 130
 
 
 def _versions() -> dict[str, str]:
@@ -144,7 +150,14 @@ def _error(message: str) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from yirage._demo import run_demo
+    from yirage._workloads import workload_names
 
+    known = [*workload_names(), "all"]
+    if args.workload not in known:
+        _error(
+            f"unknown workload {args.workload!r} for --workload: choose one of {', '.join(known)}"
+        )
+        return EXIT_USAGE
     run_demo(args.backend, workload=args.workload, json_output=args.json, rounds=args.rounds)
     return 0
 
@@ -170,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--workload",
         default="rmsnorm_linear",
-        help="a TARGETS.md workload (rmsnorm_linear, gated_mlp, lora, gqa_decode, qknorm_gqa) "
+        help="a bundled workload (rmsnorm_linear, gated_mlp, lora, gqa_decode, qknorm_gqa) "
         "or 'all' (default: rmsnorm_linear)",
     )
     demo.add_argument(
@@ -200,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         _error(f"{exc} ({type(exc).__name__}; YIRAGE_LOGS=DEBUG shows the traceback)")
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        if get_logger().isEnabledFor(logging.DEBUG):
+            traceback.print_exc()
+        _error("interrupted (Ctrl-C)")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,32 +1,65 @@
 """The benchmark harness: ``yirage bench`` (see benchmarks/README.md).
 
 yirage vs PyTorch eager vs ``torch.compile`` vs expert kernels vs the measured roofline, on the
-TARGETS.md workloads of ``yirage._workloads``, in one process. Needs torch (and matplotlib for
-the chart); both are imported only when a benchmark runs.
+bundled workloads of ``yirage._workloads``, in one process. Needs torch (and matplotlib for
+the chart): ``yirage bench`` checks both before it measures anything and names the
+``pip install`` line of what is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_bench_parser", "cmd_bench"]
+__all__ = ["add_bench_parser", "cmd_bench", "missing_dependencies"]
 
 DEFAULT_OUT = Path("benchmarks/results")
+#: What ``yirage bench`` imports: (module, pip package, what it is for).
+DEPENDENCIES = (
+    ("torch", "torch", "the contestants and the timing"),
+    ("matplotlib", "matplotlib", "the results.png chart (--no-plot skips it)"),
+)
+
+
+def missing_dependencies(*, plot: bool) -> list[tuple[str, str, str]]:
+    """The optional dependencies a run needs that do not import here (matplotlib only when
+    the chart is drawn): imported, not just looked up, so a broken install counts too."""
+    missing = []
+    for module, package, why in DEPENDENCIES:
+        if module == "matplotlib" and not plot:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append((module, package, why))
+    return missing
+
+
+def _missing_message(missing: list[tuple[str, str, str]]) -> str:
+    needs = "; ".join(f"{module} for {why}" for module, _, why in missing)
+    return (
+        f"needs {needs}, which cannot be imported here: "
+        f"pip install {' '.join(package for _, package, _ in missing)}"
+    )
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to the CLI's subparsers."""
     p: argparse.ArgumentParser = sub.add_parser(
         "bench",
-        help="benchmark yirage against PyTorch eager, torch.compile, expert kernels, roofline",
+        help="benchmark yirage against PyTorch eager, torch.compile, expert kernels, roofline "
+        "(needs torch and matplotlib)",
         description=(
             "Benchmark yirage's superoptimized kernels against PyTorch eager, torch.compile "
             "(max-autotune-no-cudagraphs) and expert kernels (SDPA), with the roofline "
             "measured on the spot. Writes results.json, results.md, run.json and results.png "
-            "under OUT/<device-slug>/."
+            "under OUT/<device-slug>/. Needs torch (pip install torch) and, for the chart, "
+            "matplotlib (pip install matplotlib; --no-plot skips the chart): both are checked "
+            "before anything is measured."
         ),
     )
     p.add_argument("--backend", default="cpu", help="yirage backend (cpu, cuda, rocm); default cpu")
@@ -47,7 +80,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--shapes",
         default=None,
-        help="shape presets: 'cpu' (reduced, float32) or 'gpu' (TARGETS.md, float16) or a "
+        help="shape presets: 'cpu' (reduced, float32) or 'gpu' (full size, float16) or a "
         "preset name; default: cpu for the cpu backend, else gpu",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
@@ -61,7 +94,9 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="fewer repeats (smoke test; not for published numbers)",
     )
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
+    p.add_argument(
+        "--no-plot", action="store_true", help="skip the PNG chart (and the need for matplotlib)"
+    )
     p.add_argument(
         "--time-budget",
         type=float,
@@ -96,6 +131,10 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    missing = missing_dependencies(plot=not args.no_plot)
+    if missing:
+        print(f"yirage bench: {_missing_message(missing)}", file=sys.stderr)
+        return 2
     from yirage._bench import _harness
     from yirage._errors import YirageError
 
@@ -119,16 +158,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except YirageError as exc:
         print(f"yirage bench: {exc}", file=sys.stderr)
         return 2
-    from yirage._bench._report import row_summary
+    from yirage._bench._report import headline, row_summary
 
+    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
     print(f"yirage bench: {results['backend']} on {results['device']}")
     for row in results["rows"]:
         print(f"  {row['workload']}: {row_summary(row)}")
-    gc, ge = results["geomean_speedup_vs_compile"], results["geomean_speedup_vs_eager"]
-    print(
-        f"  geomean speedup: {'-' if gc is None else f'{gc:.2f}x'} vs torch.compile, "
-        f"{'-' if ge is None else f'{ge:.2f}x'} vs eager"
-    )
+    print(f"  {headline(results, run)}")
     made = "results.json, results.md, run.json" + ("" if args.no_plot else ", results.png")
     print(f"wrote {made} in {folder}")
     return 0

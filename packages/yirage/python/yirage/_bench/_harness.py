@@ -1,7 +1,7 @@
 """The benchmark harness behind ``yirage bench``.
 
-For every selected workload case (a TARGETS.md workload from ``yirage._workloads`` at one
-shape preset), in this one process:
+For every selected workload case (a workload from ``yirage._workloads`` at one shape preset),
+in this one process:
 
 1. the same seeded inputs go to every contestant;
 2. the float64 reference is the graph's own evaluator (``KernelGraph.evaluate``) on those
@@ -9,7 +9,9 @@ shape preset), in this one process:
    tolerance by dtype as in ``superoptimize``); a contestant that fails is flagged in the row
    and not timed (its time is null);
 3. yirage: ``superoptimize`` cold (a fresh temporary ``YIRAGE_CACHE_DIR``), then warm (a second
-   call hitting that cache); search, codegen+compile and profiling times come from its report;
+   call hitting that cache: the cold call passes ``cache_noisy=True``, so the warm path is
+   measured even when its profiling was noisy, which the row's notes and the headline then
+   say); search, codegen+compile and profiling times come from its report;
 4. PyTorch eager (the workload's reference function), ``torch.compile`` of it
    (``mode="max-autotune-no-cudagraphs"``, first-call compile time recorded; skipped with the
    reason when it fails) and the expert kernel where one exists (SDPA for attention);
@@ -17,6 +19,11 @@ shape preset), in this one process:
    ``timing`` is "cudagraph" when every contestant could be captured, else "events"); on the
    CPU wall-clock medians in interleaved rounds;
 6. roofline from the copy bandwidth and matmul rate measured at the start of the run.
+
+Noise: a contestant whose samples spread over ``NOISY_SPREAD`` (q3/q1) is flagged in its row;
+rates that moved by more than that between the start and the end of the run, and a load
+average at the start of at least the core count, are flagged for the run (``run.json``
+``noise``). Any of them marks the headline geomean NOISY (``_report.headline``).
 
 Nothing is faked: a case that cannot run is left out with a note, a contestant that cannot
 run or is wrong has a null time and a reason.
@@ -72,7 +79,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        """``<workload>_b<b>[_kv<kv>]`` from the preset's sizes (as in TARGETS.md)."""
+        """``<workload>_b<b>[_kv<kv>]`` from the preset's sizes."""
         s = self.shape
         parts = [str(self.workload.name)]
         if "b" in s:
@@ -321,7 +328,7 @@ def _run_yirage(
     # Triton's own cache too, so kernels the backend builds with Triton are built cold
     with _env("YIRAGE_CACHE_DIR", str(cache)), _env("TRITON_CACHE_DIR", str(cache / "triton")):
         t0 = time.perf_counter()
-        kernel = optimize(graph, backend=cfg.backend, **options)
+        kernel = optimize(graph, backend=cfg.backend, cache_noisy=True, **options)
         cold_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         warm_kernel = optimize(graph, backend=cfg.backend, **options)
@@ -622,6 +629,28 @@ def run_case(
 # -- the run -----------------------------------------------------------------------------------
 
 
+def busy_at_start(load_1min: float, cores: int) -> list[str]:
+    """A note when other processes kept every core busy as the run started."""
+    if load_1min < cores:
+        return []
+    return [f"load average {load_1min:.2f} on {cores} cores at the start: other processes ran"]
+
+
+def rates_moved(start: _roofline.DeviceRates, end: _roofline.DeviceRates) -> list[str]:
+    """A note when the copy bandwidth or the matmul rate moved by more than NOISY_SPREAD
+    between the start and the end of the run (the machine's load changed meanwhile)."""
+    moved = {
+        "copy bandwidth": (start.copy_bw_Bps, end.copy_bw_Bps),
+        "matmul rate": (start.matmul_flops, end.matmul_flops),
+    }
+    ratios = {k: max(a, b) / min(a, b) for k, (a, b) in moved.items() if min(a, b) > 0}
+    changed = {k: r for k, r in ratios.items() if r > NOISY_SPREAD}
+    if not changed:
+        return []
+    what = ", ".join(f"{k} by x{r:.2f}" for k, r in changed.items())
+    return [f"the device rates moved between the start and the end of the run ({what})"]
+
+
 def _resolve_backend(name: str) -> Any:
     from yirage._superoptimize import resolve_backend
 
@@ -726,8 +755,10 @@ def run_bench(
         # every YIRAGE_* variable that was set (YIRAGE_CUDA_PDL=0 changes the kernels' launch)
         "yirage_env": {v.name: v.raw() for v in ENV_VARS if v.raw() is not None},
     }
+    run_info["noise"] = []
     if device == "cpu" and hasattr(os, "getloadavg"):
         run_info["load_average_at_start"] = list(os.getloadavg())
+        run_info["noise"] += busy_at_start(run_info["load_average_at_start"][0], _cpu_count())
     print(f"[yirage bench] {cfg.backend} on {dev_name}: measuring the device …", file=sys.stderr)
     rates = cfg.rates if cfg.rates is not None else _roofline.measure_rates(device)
     run_info["rates"] = {"start": rates.detail}
@@ -795,6 +826,7 @@ def run_bench(
         # of each (on a shared machine one of them may have been slowed by other work).
         end = _roofline.measure_rates(device)
         run_info["rates"]["end"] = end.detail
+        run_info["noise"] += rates_moved(rates, end)
         rates = _roofline.DeviceRates(
             max(rates.copy_bw_Bps, end.copy_bw_Bps),
             max(rates.matmul_flops, end.matmul_flops),

@@ -14,6 +14,8 @@ __all__ = [
     "TOP_LEVEL_KEYS",
     "build_results",
     "geomean_speedup",
+    "headline",
+    "noise_flags",
     "validate_results",
     "write_all",
     "write_markdown",
@@ -65,6 +67,36 @@ def geomean_speedup(rows: Sequence[Mapping[str, Any]], other: str) -> float | No
     if not ratios:
         return None
     return math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+
+
+def noise_flags(results: Mapping[str, Any], run: Mapping[str, Any]) -> list[str]:
+    """Why the run's ratios are not a result to quote (empty for a quiet run): rows whose
+    samples were noisy (``row["noisy"]``: the contestants with q3/q1 over the limit) or whose
+    yirage decision was profiled with noisy timings, and the run's own signs of other load
+    (``run["noise"]``: rates that moved between start and end, a busy machine at the start).
+    One noisy contestant is enough: a ratio is only as good as its worse side."""
+    flags = []
+    for r in results["rows"]:
+        who = list(r.get("noisy", {}))
+        if any("timings were noisy" in str(n) for n in r.get("yirage_notes", [])):
+            who.append("yirage's own profiling")
+        if who:
+            flags.append(f"{r['workload']} ({', '.join(who)})")
+    return flags + [str(n) for n in run.get("noise", [])]
+
+
+def headline(results: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    """The summary line of a run: the geomean speedups, flagged NOISY (with the reasons)
+    when any of its timings were, so a noisy ratio is never presented as a result."""
+    gc, ge = results["geomean_speedup_vs_compile"], results["geomean_speedup_vs_eager"]
+    line = (
+        f"geomean speedup of yirage: {'-' if gc is None else f'{gc:.2f}x'} vs torch.compile, "
+        f"{'-' if ge is None else f'{ge:.2f}x'} vs eager"
+    )
+    flags = noise_flags(results, run)
+    if flags:
+        line += " — NOISY, not a result to quote (re-run on a quiet machine): " + "; ".join(flags)
+    return line
 
 
 def _finite(x: Any) -> Any:
@@ -187,8 +219,7 @@ def write_markdown(results: Mapping[str, Any], run: Mapping[str, Any], path: Pat
         "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
         "- YIRAGE_* variables set: "
         + (", ".join(f"{k}={v}" for k, v in run.get("yirage_env", {}).items()) or "none"),
-        f"- geomean speedup of yirage: x{_f(results['geomean_speedup_vs_compile'], '.2f')} vs "
-        f"torch.compile, x{_f(results['geomean_speedup_vs_eager'], '.2f')} vs eager",
+        f"- {headline(results, run)}",
         "",
         "| workload | yirage µs | eager µs | torch.compile µs | expert µs | roofline µs | "
         "yirage % of roofline | x vs compile | x vs eager | search s | codegen+compile s | "
