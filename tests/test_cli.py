@@ -116,6 +116,24 @@ def test_an_unknown_demo_workload_is_one_line() -> None:
     assert "rmsnorm_linear" in line and "all" in line
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--bogus"], "unrecognized arguments: --bogus (see yirage --help)"),
+        (["bench", "--seed", "x"], "invalid int value: 'x' (see yirage bench --help)"),
+        (["nosuch"], "invalid choice: 'nosuch'"),
+    ],
+)
+def test_usage_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(args)
+    assert exit_.value.code == cli.EXIT_USAGE
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("yirage: error: ") and message in line
+
+
 def test_ctrl_c_is_one_line_and_exit_status_130(tmp_path: Path) -> None:
     """A real SIGINT while a command runs (the command sends it to its own process)."""
     script = (

@@ -17,7 +17,7 @@ import platform
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from yirage import _env, _registry
 from yirage._backend import PLUGIN_API
@@ -162,8 +162,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (the usage itself is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        _error(f"{message} (see {self.prog} --help)")
+        sys.exit(EXIT_USAGE)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="yirage", description="yirage: multi-backend tensor-program superoptimizer"
     )
     parser.add_argument("--version", action="store_true", help="print versions and exit")
