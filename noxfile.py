@@ -1,6 +1,7 @@
 """Developer and CI sessions.
 
-nox -s ci            lint, then rust, then tests (what .ci/run runs)
+nox -s ci            lint, then rust, then tests, in one session that stops at the first
+                     failing step (what .ci/run runs; nox -t ci runs them as three sessions)
 nox -s lint          ruff, cargo fmt, clippy, mypy, stub check against the native module
 nox -s rust          cargo test --workspace --release
 nox -s tests         build the wheel, install it and the vendor packages, run pytest
@@ -90,11 +91,18 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
-@nox.session(python=False)
+#: The steps of the ci session, in order.
+CI_STEPS = ("lint", "rust", "tests")
+
+
+@nox.session
 def ci(session: nox.Session) -> None:
-    """lint, rust and tests, in that order (one command for CI)."""
-    for name in ("lint", "rust", "tests"):
-        session.notify(name)
+    """lint, rust and tests, in that order, in this one session: a failing step fails the
+    session (and nox's exit status) before the next one starts, and the summary's `ci` line
+    is the outcome of all three."""
+    for name in CI_STEPS:
+        session.log(f"ci step: {name}")
+        STEPS[name](session)
 
 
 @nox.session
@@ -128,3 +136,6 @@ def _hardware_session(vendor: str) -> None:
 
 for _vendor in HARDWARE:
     _hardware_session(_vendor)
+
+#: Session functions by name, for ci.
+STEPS = {"lint": lint, "rust": rust, "tests": tests}

@@ -1,10 +1,15 @@
-"""The documentation states what the code does: backend levels, the README test command."""
+"""The documentation states what the code does: backend levels, the README test command and
+the ci session behind it, the runnable example."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import runpy
+import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +45,69 @@ def test_example_runs_and_passes_its_checks(capsys: pytest.CaptureFixture[str]) 
         runpy.run_path(str(REPO / "docs" / "examples" / "rmsnorm_linear.py"), run_name="__main__")
     assert exit_.value.code == 0
     assert "demo: OK" in capsys.readouterr().out
+
+
+class _FakeNox(types.ModuleType):
+    """Just enough of nox to load noxfile.py without it: decorators return the function."""
+
+    def __init__(self) -> None:
+        super().__init__("nox")
+        self.options = types.SimpleNamespace()
+        self.Session = object
+
+    def session(self, *args: Any, **kwargs: Any) -> Any:
+        if args and callable(args[0]):
+            return args[0]
+        return lambda fn: fn
+
+
+class _FakeSession:
+    """Records the commands a session runs; the first one starting with ``fail`` raises."""
+
+    def __init__(self, fail: str | None) -> None:
+        self.posargs: list[str] = []
+        self.fail = fail
+        self.commands: list[str] = []
+
+    def log(self, *args: Any) -> None:
+        pass
+
+    def install(self, *args: str) -> None:
+        pass
+
+    def chdir(self, path: Any) -> Any:
+        return contextlib.nullcontext()
+
+    def run(self, *args: str, **kwargs: Any) -> None:
+        command = " ".join(args)
+        self.commands.append(command)
+        if args[:2] == ("maturin", "build"):  # the wheel the later steps install
+            out = Path(args[args.index("--out") + 1])
+            (out / "yirage-0.0.0-cp310-abi3-any.whl").touch()
+        if self.fail is not None and command.startswith(self.fail):
+            raise RuntimeError(f"{command} failed")
+
+
+def test_the_ci_session_runs_every_step_in_order_and_stops_at_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`nox -s ci` is one session running lint, rust and tests in order: it succeeds only
+    when they all do, and a failing step ends it (nox then reports `ci` failed and exits
+    non-zero) before the next step starts."""
+    monkeypatch.setitem(sys.modules, "nox", _FakeNox())
+    noxfile = runpy.run_path(str(REPO / "noxfile.py"))
+    assert noxfile["CI_STEPS"] == ("lint", "rust", "tests")
+
+    ok = _FakeSession(fail=None)
+    noxfile["ci"](ok)
+    ruff = ok.commands.index("ruff check .")
+    cargo_test = ok.commands.index("cargo test --workspace --release")
+    pytest_run = ok.commands.index("pytest")
+    assert ruff < cargo_test < pytest_run == len(ok.commands) - 1
+
+    failing = _FakeSession(fail="cargo clippy")
+    with pytest.raises(RuntimeError, match="cargo clippy"):
+        noxfile["ci"](failing)
+    assert failing.commands[-1].startswith("cargo clippy")
+    assert "cargo test --workspace --release" not in failing.commands
+    assert "pytest" not in failing.commands
