@@ -111,3 +111,59 @@ def test_the_ci_session_runs_every_step_in_order_and_stops_at_a_failure(
     assert failing.commands[-1].startswith("cargo clippy")
     assert "cargo test --workspace --release" not in failing.commands
     assert "pytest" not in failing.commands
+
+
+def _version(text: str) -> tuple[int, int, int]:
+    """'1.85' -> (1, 85, 0)."""
+    major, minor, patch = ([int(p) for p in text.split(".")] + [0, 0])[:3]
+    return major, minor, patch
+
+
+def _rust_version() -> str:
+    cargo = (REPO / "Cargo.toml").read_text(encoding="utf-8")
+    (version,) = re.findall(r'^rust-version = "([\d.]+)"', cargo, flags=re.MULTILINE)
+    return str(version)
+
+
+def test_the_install_lines_work_from_a_checkout() -> None:
+    """The README's pip line installs paths of this repository (the packages are not
+    published), each a buildable package; README and install.md state the workspace's
+    minimum Rust version."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    (line,) = [ln for ln in readme.splitlines() if ln.startswith("python3 -m pip install ./")]
+    paths = [a for a in line.split("#")[0].split() if a.startswith("./")]
+    assert paths[:2] == ["./packages/yirage", "./packages/yirage-cpu"]
+    for path in paths:
+        assert (REPO / path / "pyproject.toml").is_file(), path
+    assert "maturin" in (REPO / "packages/yirage/pyproject.toml").read_text(encoding="utf-8")
+    want = _rust_version()
+    install = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    for text in (readme, install):
+        found = re.findall(r"Rust(?: toolchain)? ≥ ([\d.]+)", text)
+        assert found and set(found) == {want}, found
+
+
+def test_the_rust_version_covers_the_locked_dependencies() -> None:
+    """Cargo.toml's rust-version is at least what every locked dependency declares."""
+    import json
+    import shutil
+    import subprocess
+
+    if shutil.which("cargo") is None:
+        pytest.skip("no cargo on PATH")
+    proc = subprocess.run(
+        ["cargo", "metadata", "--format-version", "1", "--locked", "--offline"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cargo metadata needs the dependencies fetched: {proc.stderr[-200:]}")
+    needed = max(
+        (_version(pkg["rust_version"]), pkg["name"])
+        for pkg in json.loads(proc.stdout)["packages"]
+        if pkg.get("rust_version")
+    )
+    assert _version(_rust_version()) >= needed[0], needed
