@@ -17,10 +17,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
+from yirage import _cache
 from yirage._errors import BackendError, DTypeError, ShapeError
 from yirage_cpu._codegen import CpuSource
 from yirage_cpu._toolchain import CompiledLibrary
@@ -333,6 +335,19 @@ def run_library_kernel(
 # -- the launcher ------------------------------------------------------------------------------
 
 
+def _load_library(path: Path) -> ctypes.CDLL:
+    """``dlopen`` a compiled library after checking it against its cache checksum: a
+    truncated shared object would kill the process with SIGBUS inside ``dlopen``. Raises
+    :class:`yirage._cache.DamagedEntryError` (an OSError, which ``CpuBackend.load`` answers by
+    compiling again) when the entry is missing or damaged; the damage is logged once."""
+    if _cache.verified_path(path) is None:
+        raise _cache.DamagedEntryError(
+            f"the compiled library {path} is missing or damaged and was not loaded; compile "
+            "the source again (CpuBackend.load does so by itself)"
+        )
+    return ctypes.CDLL(str(path))
+
+
 class CpuLauncher:
     """A loaded CPU program: call it with the graph's inputs, get the list of outputs."""
 
@@ -341,7 +356,7 @@ class CpuLauncher:
     def __init__(self, program: CpuSource, library: CompiledLibrary) -> None:
         self.program = program
         self.library = library
-        self._dll = ctypes.CDLL(str(library.path))
+        self._dll = _load_library(library.path)
         self._fns: dict[str, Any] = {}
         for sym in program.symbols:
             fn = getattr(self._dll, sym)

@@ -17,7 +17,9 @@ and so the search's cost model, the printer and the cache keys, all take it from
 Artifacts live in the yirage disk cache (``cpu-so`` entries), keyed by the source hash, the
 compiler identity, the flags, the vector width they allow, the host CPU, and the versions of
 the core, yirage-cpu and the printer; writes are atomic and locked, so concurrent processes
-compile once.
+compile once. Each shared object is stored with its checksum (``yirage._cache.store_artifact``)
+and verified before it is reused or loaded: a damaged one is reported and compiled again
+rather than handed to ``dlopen``.
 """
 
 from __future__ import annotations
@@ -474,46 +476,51 @@ def compile_shared(
             path, cache_hit, seconds, cc, flags, path.stem, src_path, notes, vector_bits
         )
 
-    if path.exists():
+    if _cache.verified_path(path) is not None:
         return done(True)
     with _cache.locked(path):
-        if path.exists():  # another process built it while we waited for the lock
+        if _cache.verified_path(path) is not None:  # another process built it meanwhile
             return done(True)
-        _cache.atomic_write_bytes(src_path, source.encode("utf-8"))
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".so.tmp")
-        os.close(fd)
-        tmp = Path(tmp_name)
-        command = [*cc.command, *flags, str(src_path), "-o", str(tmp)]
-        try:
-            proc = subprocess.run(
-                command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False
-            )
-            if proc.returncode != 0:
-                stderr = (proc.stderr or proc.stdout or "").strip()
-                raise CompileError(
-                    f"{cc.describe()} failed on the generated code for {name} "
-                    f"(exit {proc.returncode}); "
-                    f"source kept at {src_path}; command: {' '.join(command)}\n{stderr[:4000]}",
-                    command=command,
-                    stderr=stderr,
-                    source_path=src_path,
-                )
-            os.replace(tmp, path)
-        except subprocess.TimeoutExpired:
-            raise CompileError(
-                f"{cc.describe()} did not finish within {_COMPILE_TIMEOUT_S:.0f} s on {name}",
-                command=command,
-                stderr="",
-                source_path=src_path,
-            ) from None
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        _compile_into(cc, flags, source, path, name)
     return done(False)
+
+
+def _compile_into(cc: Compiler, flags: tuple[str, ...], source: str, path: Path, name: str) -> None:
+    """Compile ``source`` and store the shared object at ``path`` with its checksum (the
+    caller holds the entry's lock); the source is kept beside it for error reports."""
+    src_path = path.with_suffix(".c")
+    _cache.atomic_write_bytes(src_path, source.encode("utf-8"))
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".so.tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    command = [*cc.command, *flags, str(src_path), "-o", str(tmp)]
+    try:
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False
+        )
+        if proc.returncode != 0:
+            stderr = (proc.stderr or proc.stdout or "").strip()
+            raise CompileError(
+                f"{cc.describe()} failed on the generated code for {name} "
+                f"(exit {proc.returncode}); "
+                f"source kept at {src_path}; command: {' '.join(command)}\n{stderr[:4000]}",
+                command=command,
+                stderr=stderr,
+                source_path=src_path,
+            )
+        _cache.store_artifact(path, tmp.read_bytes())
+    except subprocess.TimeoutExpired:
+        raise CompileError(
+            f"{cc.describe()} did not finish within {_COMPILE_TIMEOUT_S:.0f} s on {name}",
+            command=command,
+            stderr="",
+            source_path=src_path,
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def forget(library: CompiledLibrary) -> None:
     """Remove a cache entry that turned out to be corrupt (it is rebuilt on the next compile)."""
     with _cache.locked(library.path):
-        if library.path.exists():
-            library.path.unlink()
+        _cache.discard(library.path)
