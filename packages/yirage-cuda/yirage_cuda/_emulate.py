@@ -53,7 +53,7 @@ class EmulatedCudaCpp:
         }
         path = _cache.entry_path("cuda-emulation", key, ".so")
         with _cache.locked(path):
-            if not path.is_file():
+            if _cache.verified_path(path) is None:  # never dlopen a damaged library
                 with tempfile.TemporaryDirectory(prefix="yirage-cuda-emu-") as tmp:
                     cpp = Path(tmp, "k.cpp")
                     cpp.write_text(src.text)
@@ -80,7 +80,7 @@ class EmulatedCudaCpp:
                         raise ToolchainError(
                             f"host build of the CUDA C++ emulation failed:\n{proc.stderr}"
                         )
-                    _cache.atomic_write_bytes(path, out.read_bytes())
+                    _cache.store_artifact(path, out.read_bytes())
         self.lib = ctypes.CDLL(str(path))
 
     def launch_kernel(self, name: str, grid: tuple[int, int, int], *tensors: Any) -> None:

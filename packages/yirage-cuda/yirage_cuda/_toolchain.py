@@ -9,6 +9,9 @@
   importable, else ``nvcc`` from PATH/CUDA_HOME; cached as ``cuda-cubin`` entries keyed by
   {source hash, compiler + version, arch}.
 
+Every cached file is stored with its checksum (``yirage._cache.store_artifact``) and verified
+before it is used: a damaged module, cubin or PTX is reported once and written again.
+
 Nothing here imports torch/triton/cuda-python at module import time.
 """
 
@@ -293,16 +296,13 @@ def _triton_key(text: str, codegen_version: str) -> dict[str, str]:
 
 
 def write_triton_module(text: str, codegen_version: str) -> Path:
-    """Write a printed Triton module into the cache (once) and return its path."""
+    """Write a printed Triton module into the cache (once) and return its path; an entry that
+    fails its checksum is reported and written again."""
     path = _cache.entry_path("cuda-triton", _triton_key(text, codegen_version), ".py")
     data = text.encode()
     with _cache.locked(path):
-        try:
-            if path.read_bytes() == data:
-                return path
-        except OSError:
-            pass
-        _cache.atomic_write_bytes(path, data)
+        if _cache.load_verified_artifact(path) != data:
+            _cache.store_artifact(path, data)
     return path
 
 
@@ -402,6 +402,11 @@ def load_triton_module(path: Path, interpret: bool = False) -> ModuleType:
         mod = _MODULES.get(key)
         if mod is not None:
             return mod
+        if _cache.verified_path(Path(path)) is None:
+            raise ToolchainError(
+                f"the generated Triton module {path} is missing or damaged and was not "
+                "imported; compile the source again (write_triton_module restores it)"
+            )
         name = f"yirage_cuda_gen_{Path(path).stem}_{'i' if interpret else 'c'}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
@@ -583,6 +588,22 @@ def compiler_order(prefer: str | None = None) -> list[str]:
     return ["nvrtc", "nvcc"]
 
 
+def _cached_cuda(path: Path, arch: str, compiler: str) -> CompiledCuda | None:
+    """The cached compilation at ``path`` (cubin, PTX and metadata, each checked against its
+    checksum before the cubin can reach the driver); None when any part is missing or damaged
+    (a damaged part is reported and removed)."""
+    parts = (
+        _cache.read_json(path.with_suffix(".json")),
+        _cache.load_verified_artifact(path),
+        _cache.load_verified_artifact(path.with_suffix(".ptx")),
+    )
+    meta, cubin, ptx = parts
+    if meta is None or cubin is None or ptx is None:
+        return None
+    log = str(meta.get("log", ""))
+    return CompiledCuda(cubin, ptx.decode(errors="replace"), arch, compiler, log, path, dict(meta))
+
+
 def compile_cuda(
     text: str, arch: str = "sm_90", name: str = "yirage", prefer: str | None = None
 ) -> CompiledCuda:
@@ -600,25 +621,17 @@ def compile_cuda(
             "arch": arch,
         }
         path = _cache.entry_path("cuda-cubin", key, ".cubin")
-        meta_path = path.with_suffix(".json")
-        meta = _cache.read_json(meta_path)
-        if meta is not None and path.is_file() and path.with_suffix(".ptx").is_file():
-            return CompiledCuda(
-                path.read_bytes(),
-                path.with_suffix(".ptx").read_text(),
-                arch,
-                f"{comp} {version}",
-                str(meta.get("log", "")),
-                path,
-                dict(meta),
-            )
+        cached = _cached_cuda(path, arch, f"{comp} {version}")
+        if cached is not None:
+            return cached
         fn = _nvrtc_compile if comp == "nvrtc" else _nvcc_compile
         cubin, ptx, log = fn(text, arch, name)
-        with _cache.locked(path):
-            _cache.atomic_write_bytes(path, cubin)
-            _cache.atomic_write_bytes(path.with_suffix(".ptx"), ptx.encode())
+        with _cache.locked(path):  # the metadata goes last: it commits the entry
+            _cache.store_artifact(path, cubin)
+            _cache.store_artifact(path.with_suffix(".ptx"), ptx.encode())
             _cache.write_json(
-                meta_path, {"log": log, "compiler": f"{comp} {version}", "arch": arch}
+                path.with_suffix(".json"),
+                {"log": log, "compiler": f"{comp} {version}", "arch": arch},
             )
         return CompiledCuda(cubin, ptx, arch, f"{comp} {version}", log, path, {"compiler": comp})
     raise ToolchainError("no CUDA C++ compiler: " + "; ".join(errors))
