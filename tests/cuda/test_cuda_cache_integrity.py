@@ -1,5 +1,8 @@
 """Damaged CUDA-backend cache entries are reported once and rebuilt, never used.
 
+On a GPU (``pytest -m cuda``): the cubin and PTX of the CUDA C++ variant and the Triton module
+are damaged and both variants run again in a fresh process against float64 references.
+
 Without a GPU: the printed Triton module (``cuda-triton``, imported by the Triton interpreter)
 and the host build of the printed CUDA C++ (``cuda-emulation``, a shared object loaded with
 ctypes, where a truncated file would die with SIGBUS) are damaged and the plan run again in a
@@ -71,16 +74,20 @@ def _run(cache: Path, work: Path) -> dict[str, Any]:
     return report
 
 
-def _entries(cache: Path) -> list[Path]:
-    """The fixture's main Triton module and its host-emulation library."""
+def _triton_module(cache: Path, interpret: bool = True) -> Path:
+    """The fixture's main Triton module in ``cache`` (printed for the interpreter or the GPU)."""
     from yirage_cuda import CudaBackend
 
-    triton = CudaBackend(interpret=True).codegen(plans.rmsnorm_linear().plan).triton
+    triton = CudaBackend(interpret=interpret).codegen(plans.rmsnorm_linear().plan).triton
     key = _toolchain._triton_key(triton.text, triton.codegen_version)
-    name = _cache.entry_path("cuda-triton", key, ".py").name
+    return cache / "v1" / "cuda-triton" / _cache.entry_path("cuda-triton", key, ".py").name
+
+
+def _entries(cache: Path) -> list[Path]:
+    """The fixture's main Triton module and its host-emulation library."""
     emulation = sorted((cache / "v1" / "cuda-emulation").glob("*.so"))
     assert len(emulation) == len(_modes()) - 1
-    return [cache / "v1" / "cuda-triton" / name, *emulation]
+    return [_triton_module(cache), *emulation]
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +131,67 @@ def test_a_module_damaged_after_writing_is_not_imported(
         assert _toolchain.write_triton_module(text, "cache-integrity-test") == path
     assert len(corrupt_warnings([r.getMessage() for r in caplog.records], path)) == 1
     assert _toolchain.load_triton_module(path, interpret=True).KERNELS == {}
+
+
+_GPU_CHILD = """
+import numpy as np
+from yirage_cuda import CudaBackend, _toolchain
+from yirage_cuda._cuda_codegen import CudaCppOptions
+plan_file, inputs_file, out_file = sys.argv[1:4]
+plan = json.loads(open(plan_file).read())
+stored = np.load(inputs_file)
+xs = [stored[f"x{i}"] for i in range(len(stored.files))]
+dtypes = [b["dtype"] for b in plan["buffers"] if b["role"] == "input"]
+info = _toolchain.device_info()
+options = CudaCppOptions(arch=info.arch, smem_limit=info.smem_per_block_optin, use_mma=True)
+outs = {}
+for variant in ("triton", "cuda"):
+    cpp = variant == "cuda"
+    backend = CudaBackend(cuda_cpp=cpp, cuda_options=options if cpp else None)
+    artifact = backend.compile(backend.codegen(plan))
+    kernel = backend.load(artifact)
+    if cpp:
+        assert "cuda" in kernel.variants, artifact.cuda_error or kernel.notes
+        kernel.variant = "cuda"
+    outs[variant] = kernel(*backend.from_numpy(xs, dtypes))[0].double().cpu().numpy()
+np.savez(out_file, **outs)
+print(json.dumps({"warnings": WARNINGS}))
+"""
+
+
+def _run_gpu(cache: Path, work: Path) -> dict[str, Any]:
+    case = plans.rmsnorm_linear()
+    (work / "plan.json").write_text(json.dumps(case.plan))
+    xs = [x.astype(np.float32) for x in case.random_inputs(0)]
+    np.savez(work / "inputs.npz", **{f"x{i}": x for i, x in enumerate(xs)})
+    files = [str(work / name) for name in ("plan.json", "inputs.npz", "y.npz")]
+    report = run_child(_GPU_CHILD, cache, *files)
+    (want,) = case.reference(*[x.astype(np.float64) for x in xs])
+    got = np.load(work / "y.npz")
+    assert sorted(got.files) == ["cuda", "triton"]
+    for variant in got.files:
+        assert np.linalg.norm(got[variant] - want) <= 1e-4 * np.linalg.norm(want), variant
+    return report
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_gpu_entries_are_reported_once_and_rebuilt_in_a_fresh_process(
+    gpu: Any, tmp_path: Path, how: str
+) -> None:
+    """The real cubin (NVRTC or nvcc), its PTX and the Triton module, damaged, then both
+    variants run on the GPU in a fresh process."""
+    cache = tmp_path / "cache"
+    assert not _run_gpu(cache, tmp_path)["warnings"]
+    (cubin,) = (cache / "v1" / "cuda-cubin").glob("*.cubin")
+    paths = [_triton_module(cache, interpret=False), cubin, cubin.with_suffix(".ptx")]
+    for path in paths:
+        damage(path, how)
+    rebuilt = _run_gpu(cache, tmp_path)
+    assert len(corrupt_warnings(rebuilt["warnings"])) == len(paths), rebuilt["warnings"]
+    for path in paths:
+        assert len(corrupt_warnings(rebuilt["warnings"], path)) == 1, (path, rebuilt["warnings"])
+        assert _cache.verified_path(path) == path
 
 
 # -- cubin and PTX (a stand-in compiler) ---------------------------------------------------------
