@@ -220,6 +220,14 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return np.where(x64 >= 0, y, -y)
 
 
+def shift_of(x: np.ndarray, dims: Sequence[int]) -> np.ndarray:
+    """The max of ``x`` over ``dims`` (keepdims), 0 where it is not finite: a library exp
+    with ``shift_dims`` computes ``exp(x - shift_of(x, dims))``."""
+    with np.errstate(invalid="ignore"):
+        m = np.max(x, axis=tuple(int(d) for d in dims), keepdims=True)
+    return np.where(np.isfinite(m), m, np.float32(0)).astype(x.dtype)
+
+
 def _unary_np(op: str, params: Sequence[float], x: np.ndarray) -> Any:
     with np.errstate(all="ignore"):
         if op == "exp":
@@ -285,7 +293,10 @@ def run_library_kernel(
                 return
             res = np.matmul(ins[0], ins[1])
         elif op == "unary":
-            res = _unary_np(str(params["op"]), [float(p) for p in params.get("params", [])], ins[0])
+            x = ins[0]
+            if "shift_dims" in params:  # exp(x - m): see the plan's shift_dims
+                x = x - shift_of(x, params["shift_dims"])
+            res = _unary_np(str(params["op"]), [float(p) for p in params.get("params", [])], x)
         elif op == "binary":
             fn = _BINARY_NP.get(str(params["op"]))
             if fn is None:

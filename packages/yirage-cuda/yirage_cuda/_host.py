@@ -75,7 +75,12 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
         native = all(plan.buffer(b).dtype == out_buf.dtype for b in k.inputs)
         f = list(ins) if native else [f"{x}.float()" for x in ins]
         if k.op == "unary":
-            expr = _unary_torch(str(p["op"]), f[0], [float(v) for v in p.get("params", [])])
+            x = f[0]
+            if "shift_dims" in p:  # exp(x - m), m the max over the dims (0 where not finite)
+                dims = tuple(int(d) for d in p["shift_dims"])
+                m = f"torch.amax({x}, dim={dims}, keepdim=True)"
+                x = f"({x} - torch.nan_to_num({m}, nan=0.0, posinf=0.0, neginf=0.0))"
+            expr = _unary_torch(str(p["op"]), x, [float(v) for v in p.get("params", [])])
         elif k.op == "binary":
             op = {
                 "add": "torch.add",
@@ -154,7 +159,8 @@ def launcher_lines(
                 body += library_lines(plan, k, names)
             allocated.update(k.outputs)
             continue
-        for acc in k.outputs:
+        stores = [g.shift_store for g in k.safe_softmax if g.shift_store is not None]
+        for acc in (*k.outputs, *stores):  # outputs and the running maxima of shifted ones
             if acc.buffer not in allocated:
                 b = plan.buffer(acc.buffer)
                 body.append(

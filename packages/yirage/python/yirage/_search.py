@@ -48,7 +48,8 @@ _log = logging.getLogger("yirage.search")
 PRESETS = ("attention", "mlp", "lora")
 
 _CACHE_FORMAT = "yirage.search_cache"
-_CACHE_VERSION = 1
+#: 2: candidates whose unshifted exp feeds a generated kernel are no longer offered.
+_CACHE_VERSION = 2
 _SPEC_FIELDS = (
     "compute_units",
     "warp_size",

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from yirage import _cache, _collectives
+from yirage import _cache, _collectives, _stress
 from yirage._backend import Backend
 from yirage._errors import BackendUnavailableError, GraphError, YirageError
 from yirage._graph import KernelGraph
@@ -53,6 +53,8 @@ from yirage._kernel import (
     check_tensors,
     reference_outputs,
     run_check,
+    to_backend_tensors,
+    to_numpy64,
     tolerance_for,
 )
 from yirage._logging import get_logger
@@ -91,7 +93,8 @@ def resolve_backend(backend: str | Backend | None) -> Backend:
             raise BackendUnavailableError(
                 "any",
                 f"no backend with a code generator is available{found}: "
-                'pip install "yirage[cpu]" and a C compiler, or see `yirage doctor`',
+                'pip install "yirage[cpu]" (from a checkout: pip install ./packages/yirage-cpu) '
+                "and a C compiler, or see `yirage doctor`",
             )
         skipped = names[: names.index(usable[0])]
         if skipped:
@@ -369,6 +372,9 @@ def superoptimize(
     else:
         tensors = arrays_to_backend(be, graph, shapes, arrays.result())
     ref_future = _in_background(reference_outputs, graph, shapes, tensors) if check else None
+    stress_future = (
+        _in_background(_exp_stress_set, graph, shapes, tensors) if check and ws == 1 else None
+    )
     to_build = _to_profile(candidates, top_k)
     for index, cand in enumerate(to_build):
         report.candidates.append(
@@ -447,6 +453,11 @@ def superoptimize(
                 continue
         cr.status = "ok"
         passing.append((0.0, index, plan, source, launcher))
+    if stress_future is not None:
+        tc = time.perf_counter()
+        baseline = {i for i, c in enumerate(to_build) if _is_baseline(c)}
+        passing = _stress_check(be, graph, stress_future.result(), passing, baseline, report)
+        report.check_s += time.perf_counter() - tc
     # Profile round-robin: every candidate gets `rounds` short turns, interleaved, and keeps
     # its best round's median, so bursts of load from other processes hit all alike.
     tp = time.perf_counter()
@@ -604,6 +615,60 @@ def _break_cold_ties(
     return sorted(passing, key=lambda p: (p[1] != pick, p[0], p[1]))
 
 
+def _exp_stress_set(graph: KernelGraph, shapes: Shapes, tensors: list[Any]) -> Any:
+    """The exp-overflow stress set for ``graph`` (None when it has no exp to stress)."""
+    arrays = [to_numpy64(t).reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)]
+    return _stress.exp_stress(
+        graph, shapes, arrays, lambda ins: reference_outputs(graph, shapes, ins)
+    )
+
+
+def _stress_check(
+    be: Backend,
+    graph: KernelGraph,
+    stress: _stress.StressSet | None,
+    passing: list[tuple[float, int, dict[str, Any], Any, Any]],
+    baseline: set[int],
+    report: SuperoptimizeReport,
+) -> list[tuple[float, int, dict[str, Any], Any, Any]]:
+    """``passing`` without the candidates that fail the stress set (see ``yirage._stress``).
+    When the library baseline fails it too, the overflow is the graph's own in its dtype:
+    the set is not enforced and the report says so."""
+    if stress is None:
+        return passing
+    dtypes = [t.dtype.name for t in graph.outputs]
+    tol = max(_stress.stress_tolerance(d) for d in dtypes)
+    tensors = to_backend_tensors(be, stress.arrays, [t.dtype.name for t in graph.inputs])
+    verdicts: dict[int, str | None] = {}
+    for _, index, _, _, launcher in passing:
+        try:
+            err, why = _stress.stress_error(launcher(*tensors), stress.reference, dtypes)
+        except Exception as exc:
+            err, why = math.inf, f"run failed: {type(exc).__name__}: {exc}"
+        if why is None and not err <= tol:
+            why = f"max relative error {err:.3g} > {tol:g}"
+        verdicts[index] = why
+    failed_baseline = [verdicts[i] for i in baseline if verdicts.get(i)]
+    if failed_baseline:
+        report.notes.append(
+            f"{stress.name}: the library baseline fails it too ({failed_baseline[0]}), so the "
+            "overflow is the graph's own in its dtype; the stress check was not enforced"
+        )
+        return passing
+    kept = []
+    for entry in passing:
+        why = verdicts[entry[1]]
+        if why is None:
+            kept.append(entry)
+            continue
+        cr = report.candidates[entry[1]]
+        cr.status = "rejected"
+        cr.error = f"stress check failed ({stress.name}): {why}"
+        _log.warning("candidate %d on %s rejected: %s", entry[1], be.name, cr.error)
+    report.notes.append(f"{stress.name}: checked every candidate against the float64 reference")
+    return kept
+
+
 def _in_background(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     """``fn(*args)`` on a thread of its own; the future re-raises its error."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="yirage-check")
@@ -696,7 +761,7 @@ def _save_reference(decision: Path, seed: int, generator: str, reference: list[n
     }
     blob = _REF_MAGIC + json.dumps(header).encode() + b"\n" + b"".join(a.tobytes() for a in arrays)
     try:
-        _cache.atomic_write_bytes(_reference_path(decision), blob)
+        _cache.store_artifact(_reference_path(decision), blob)
     except OSError as exc:
         _log.warning("yirage cache: could not store the check reference (%s)", exc)
 
@@ -704,9 +769,8 @@ def _save_reference(decision: Path, seed: int, generator: str, reference: list[n
 def _load_reference(
     decision: Path, generator: str, n_outputs: int
 ) -> tuple[int, list[np.ndarray]] | None:
-    try:
-        blob = _reference_path(decision).read_bytes()
-    except FileNotFoundError:
+    blob = _cache.load_verified_artifact(_reference_path(decision))
+    if blob is None:  # missing, or damaged (reported and removed): evaluate afresh
         return None
     try:
         if not blob.startswith(_REF_MAGIC):

@@ -1,0 +1,169 @@
+"""Stress inputs for the numeric check: values at which a naive ``exp`` overflows.
+
+The ordinary check inputs (N(0, 1), scaled per matrix) keep every exp argument small, so a
+candidate that computes ``exp`` without subtracting the maximum passes them and then returns
+NaN on real logits. When the graph has kernel-level ``exp`` or ``softmax`` ops, the check also
+scales its inputs until the largest exp argument of the float64 reference reaches
+:data:`EXP_TARGET` (past float32's exp overflow at 88.7 and float16's at 11.1, far below
+float64's at 709.8). On those inputs a candidate must be finite wherever the reference rounded
+to the output dtype is finite (and non-finite wherever it is not) and agree in value within
+:func:`stress_tolerance`.
+
+A stress set that the library baseline (the graph run op by op, as PyTorch eager would) fails
+too shows an overflow of the graph itself in its dtype, not of a candidate: it is then not
+enforced, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from yirage._graph import KernelGraph
+from yirage._kernel import TOLERANCES, Shapes, to_numpy64
+
+__all__ = ["EXP_TARGET", "StressSet", "exp_stress", "stress_error", "stress_tolerance"]
+
+#: Largest exp argument the stress inputs aim at.
+EXP_TARGET = 120.0
+#: Unit roundoff of each dtype (relative spacing / 2).
+_UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+@dataclass
+class StressSet:
+    """Inputs (float32 arrays holding values exact in the graph's dtypes, kernel shapes) and
+    the float64 reference outputs (kernel shapes) of one stress set."""
+
+    name: str
+    arrays: list[np.ndarray]
+    reference: list[np.ndarray]
+
+
+def stress_tolerance(dtype: str) -> float:
+    """Relative error allowed on stress inputs: the ordinary tolerance, widened by what an
+    argument of size :data:`EXP_TARGET` rounded once to ``dtype`` does to an exp (a library
+    kernel may round logits to the graph dtype)."""
+    return max(TOLERANCES[dtype], min(0.25, 4 * EXP_TARGET * _UNIT_ROUNDOFF[dtype]))
+
+
+def _exp_argument_graph(graph: KernelGraph) -> KernelGraph | None:
+    """The graph cut after the last tensor that feeds a kernel-level exp or softmax, with
+    those tensors as its outputs; None when the graph has none (or holds fused operators,
+    whose tensor numbering this cut does not follow)."""
+    doc = json.loads(graph.to_json())
+    ops = doc["ops"]
+    if any(op["op"] == "customized" for op in ops):
+        return None
+    args = sorted(
+        {
+            int(op["x"])
+            for op in ops
+            if op["op"] == "softmax" or (op["op"] == "unary" and op.get("kind") == "exp")
+        }
+    )
+    if not args:
+        return None
+    last_input = max(i for i, op in enumerate(ops) if op["op"] == "input")
+    doc["ops"] = ops[: max(args[-1], last_input) + 1]  # the inputs stay the graph's
+    doc["outputs"] = args
+    return KernelGraph.from_json(json.dumps(doc))
+
+
+def _peak(probe: KernelGraph, arrays: Sequence[np.ndarray]) -> float:
+    with np.errstate(all="ignore"):
+        outs = probe.evaluate(list(arrays))
+    return max(float(np.nanmax(np.abs(o), initial=0.0)) for o in outs)
+
+
+def _round_to(a: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values exactly representable in ``dtype`` (round to nearest even)."""
+    x = np.asarray(a, dtype=np.float32)
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) & np.uint64(
+            0xFFFF0000
+        )
+        out: np.ndarray = rounded.astype(np.uint32).view(np.float32)
+        return out
+    return x
+
+
+def exp_stress(
+    graph: KernelGraph,
+    shapes: Shapes,
+    check_arrays: Sequence[np.ndarray],
+    reference: Callable[[list[np.ndarray]], list[np.ndarray]],
+) -> StressSet | None:
+    """The exp-overflow stress set for ``graph`` built from its check inputs (float64 or
+    float32 arrays in the graph's shapes), or None when scaling the inputs cannot push an
+    exp argument to :data:`EXP_TARGET` (no exp, a scale-invariant argument such as a
+    normalised one, or no finite scale). ``reference`` evaluates the graph in float64 on
+    kernel-shaped arrays. Up to three evaluations of the cut graph find the scale: the
+    argument is assumed homogeneous of some degree p in the inputs (p = 1 for a softmax of an
+    input, 2 for attention scores), estimated from the first two."""
+    probe = _exp_argument_graph(graph)
+    if probe is None:
+        return None
+    base = [np.asarray(a, dtype=np.float64) for a in check_arrays]
+    a1 = _peak(probe, base)
+    if not (math.isfinite(a1) and a1 > 0):
+        return None
+    scale = EXP_TARGET / a1
+    peak = _peak(probe, [a * scale for a in base])
+    if not 0.75 * EXP_TARGET <= peak <= 4 * EXP_TARGET:
+        if not (math.isfinite(peak) and peak > 0) or abs(math.log(scale)) < 1e-6:
+            return None
+        degree = math.log(peak / a1) / math.log(scale)
+        if degree < 0.1:
+            return None  # the argument hardly moves with the inputs' scale
+        scale = (EXP_TARGET / a1) ** (1.0 / degree)
+        peak = _peak(probe, [a * scale for a in base])
+        if not 0.5 * EXP_TARGET <= peak <= 5 * EXP_TARGET:
+            return None
+    dtypes = [t.dtype.name for t in graph.inputs]
+    arrays = [_round_to(a * scale, d) for a, d in zip(base, dtypes, strict=True)]
+    kernel_arrays = shapes.to_kernel(arrays)
+    return StressSet(
+        name=f"exp stress: inputs x{scale:.3g}, largest exp argument {peak:.0f}",
+        arrays=kernel_arrays,
+        reference=reference(kernel_arrays),
+    )
+
+
+def stress_error(
+    outputs: Sequence[Any], reference: Sequence[np.ndarray], dtypes: Sequence[str]
+) -> tuple[float, str | None]:
+    """(worst relative error over the elements the reference keeps finite in the output
+    dtype, a reason when the finite/non-finite pattern differs)."""
+    worst = 0.0
+    for i, (o, r, d) in enumerate(zip(outputs, reference, dtypes, strict=True)):
+        got = to_numpy64(o)
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = r.astype(np.float16 if d == "float16" else np.float32).astype(np.float64)
+        if got.shape != want.shape:
+            return math.inf, f"output {i} has shape {got.shape}, expected {want.shape}"
+        finite = np.isfinite(want)
+        lost = int(np.count_nonzero(finite & ~np.isfinite(got)))
+        if lost:
+            return math.inf, (
+                f"output {i}: {lost} of {finite.size} elements are NaN/Inf where the float64 "
+                "reference is finite"
+            )
+        extra = int(np.count_nonzero(~finite & np.isfinite(got)))
+        if extra:
+            return math.inf, (
+                f"output {i}: {extra} elements are finite where the float64 reference overflows {d}"
+            )
+        denom = float(np.linalg.norm(want[finite]))
+        err = float(np.linalg.norm(got[finite] - want[finite]))
+        worst = max(worst, err / denom if denom > 0 else err)
+    return worst, None

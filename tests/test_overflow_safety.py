@@ -1,0 +1,193 @@
+"""Overflow safety: a superoptimized kernel is finite wherever the graph's value is.
+
+Two layers are tested: by construction (library exps that feed a normalising sum are shifted
+by their maximum, and candidates whose unshifted exp enters a generated kernel are not
+offered) and by the stress check (inputs scaled until a naive exp overflows; a candidate
+must match the float64 reference on them before it may win)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from _pinned_spec import REFERENCE_CPU
+
+import yirage as yr
+from yirage import _core, _stress
+from yirage._kernel import CandidateReport, Shapes, SuperoptimizeReport
+from yirage._search import device_spec_json
+from yirage._superoptimize import _stress_check
+
+FAST_PROFILE = {"min_time_s": 0.01, "min_repeats": 5}
+
+
+def _superoptimize(g: yr.KernelGraph) -> yr.OptimizedKernel:
+    return g.superoptimize(
+        backend="cpu", cache=False, device_spec=REFERENCE_CPU, profile_options=FAST_PROFILE
+    )
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _softmax_graph(written_out: bool) -> yr.KernelGraph:
+    g = yr.new_kernel_graph()
+    x = g.new_input((64, 1024), yr.float32)
+    if written_out:
+        e = g.exp(x)
+        g.mark_output(g.div(e, g.reduction(e, 1)))
+    else:
+        g.mark_output(g.softmax(x))
+    return g
+
+
+@pytest.mark.parametrize("written_out", [False, True])
+def test_softmax_of_large_logits_is_finite_on_every_run(written_out: bool) -> None:
+    """X[64, 1024] x 40: logits past float32's exp overflow. Which candidate wins depends
+    on profiling, so three runs must all give the reference's numbers."""
+    g = _softmax_graph(written_out)
+    x = (np.random.default_rng(1).standard_normal((64, 1024)) * 40).astype(np.float32)
+    x64 = x.astype(np.float64)
+    ref = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    ref /= ref.sum(axis=1, keepdims=True)
+    for _ in range(3):
+        k = _superoptimize(g)
+        (out,) = k(x)
+        assert np.isfinite(out).all(), str(k.report)
+        assert _rel(np.asarray(out, dtype=np.float64), ref) < 1e-5, str(k.report)
+        assert any("exp stress" in n for n in k.report.notes), str(k.report)
+
+
+def test_attention_with_large_scores_is_finite() -> None:
+    """Q[32,16,64]·K[32,64,4096]·V with inputs of std 3: scores up to ~250."""
+    g = yr.new_kernel_graph()
+    q = g.new_input((32, 16, 64), yr.float32)
+    kt = g.new_input((32, 64, 4096), yr.float32)
+    v = g.new_input((32, 4096, 64), yr.float32)
+    g.mark_output(g.matmul(g.softmax(g.matmul(q, kt)), v))
+    k = _superoptimize(g)
+    rng = np.random.default_rng(2)
+    ins = [(rng.standard_normal(t.dims) * 3).astype(np.float32) for t in g.inputs]
+    s = np.matmul(ins[0].astype(np.float64), ins[1].astype(np.float64))
+    assert s.max() > 150  # naive exp overflows float32 here
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    ref = np.matmul(p / p.sum(axis=-1, keepdims=True), ins[2].astype(np.float64))
+    (out,) = k(*ins)
+    assert np.isfinite(out).all(), str(k.report)
+    assert _rel(np.asarray(out, dtype=np.float64), ref) < 1e-4, str(k.report)
+
+
+def test_library_exp_of_a_written_out_softmax_is_shifted_in_the_plan() -> None:
+    g = _softmax_graph(written_out=True)
+    spec, _ = device_spec_json(REFERENCE_CPU, "cpu")
+    plan = json.loads(_core.kernel_plan(g._g, spec))
+    exps = [k for k in plan["kernels"] if k.get("params", {}).get("op") == "exp"]
+    assert [k["params"].get("shift_dims") for k in exps] == [[1]]
+
+
+def test_an_overflow_of_the_graph_itself_does_not_reject_every_candidate() -> None:
+    """exp(X) @ W overflows float32 in the graph's own semantics at large X: the library
+    baseline fails the stress set too, so it is reported and not enforced."""
+    g = yr.new_kernel_graph()
+    x = g.new_input((16, 128), yr.float32)
+    w = g.new_input((128, 64), yr.float32)
+    g.mark_output(g.matmul(g.exp(x), w))
+    k = _superoptimize(g)
+    assert any("the graph's own" in n for n in k.report.notes), str(k.report)
+    xs = np.random.default_rng(3).standard_normal((16, 128)).astype(np.float32)
+    ws = np.random.default_rng(4).standard_normal((128, 64)).astype(np.float32)
+    ref = np.exp(xs.astype(np.float64)) @ ws.astype(np.float64)
+    assert _rel(np.asarray(k(xs, ws)[0], dtype=np.float64), ref) < 1e-5
+
+
+# -- the stress set ----------------------------------------------------------------------
+
+
+def _stress_set(g: yr.KernelGraph) -> _stress.StressSet | None:
+    shapes = Shapes(g)
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(t.dims) * (0.1 if len(t.dims) > 1 else 1) for t in g.inputs]
+    return _stress.exp_stress(g, shapes, arrays, lambda ins: g.evaluate(ins))
+
+
+def test_stress_scale_reaches_the_target_for_linear_and_quadratic_arguments() -> None:
+    g = _softmax_graph(written_out=False)
+    s = _stress_set(g)
+    assert s is not None
+    assert np.abs(s.arrays[0]).max() > 88.7  # the argument is the input itself
+    assert np.isfinite(s.reference[0]).all()
+    a = yr.new_kernel_graph()
+    q = a.new_input((2, 8, 16), yr.float16)
+    kt = a.new_input((2, 16, 32), yr.float16)
+    a.mark_output(a.softmax(a.matmul(q, kt)))
+    s = _stress_set(a)
+    assert s is not None
+    scores = np.matmul(s.arrays[0].astype(np.float64), s.arrays[1].astype(np.float64))
+    assert 0.5 * _stress.EXP_TARGET <= np.abs(scores).max() <= 5 * _stress.EXP_TARGET
+    # float16 inputs hold values exact in float16
+    assert all(np.array_equal(x, x.astype(np.float16).astype(np.float32)) for x in s.arrays)
+
+
+def test_no_stress_set_without_exp_or_for_a_normalised_argument() -> None:
+    g = yr.new_kernel_graph()
+    x = g.new_input((8, 64), yr.float32)
+    g.mark_output(g.mul(x, x))
+    assert _stress_set(g) is None
+    g = yr.new_kernel_graph()
+    x = g.new_input((8, 64), yr.float32)
+    g.mark_output(g.softmax(g.rms_norm(x, normalized_shape=(64,))))
+    assert _stress_set(g) is None  # rms_norm(c·x) = rms_norm(x): no scale reaches overflow
+
+
+def test_stress_error_compares_the_finite_pattern_in_the_output_dtype() -> None:
+    ref = np.array([[1.0, 2.0, 1e5]])  # 1e5 overflows float16
+    ok = np.array([[1.0, 2.0, np.inf]], dtype=np.float16)
+    assert _stress.stress_error([ok], [ref], ["float16"]) == (0.0, None)
+    nan = np.array([[1.0, np.nan, np.inf]], dtype=np.float32)
+    err, why = _stress.stress_error([nan], [ref], ["float16"])
+    assert err == np.inf and why is not None and "NaN/Inf" in why
+    finite = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+    err, why = _stress.stress_error([finite], [ref], ["float16"])
+    assert why is not None and "overflows float16" in why
+
+
+def _report(n: int) -> SuperoptimizeReport:
+    rep = SuperoptimizeReport(
+        backend="cpu", backend_version="0", verification_level="x", device="d"
+    )
+    rep.candidates = [CandidateReport(index=i, hash=None, description="") for i in range(n)]
+    for c in rep.candidates:
+        c.status = "ok"
+    return rep
+
+
+def test_stress_check_rejects_a_candidate_that_overflows_and_keeps_the_rest() -> None:
+    from yirage_cpu._backend import CpuBackend
+
+    g = _softmax_graph(written_out=False)
+    stress = _stress_set(g)
+    assert stress is not None
+    good = [np.asarray(r, dtype=np.float32) for r in stress.reference]
+
+    def correct(*_: Any) -> list[np.ndarray]:
+        return good
+
+    def naive(*args: Any) -> list[np.ndarray]:
+        with np.errstate(all="ignore"):
+            e = np.exp(np.asarray(args[0], dtype=np.float32))
+            return [e / e.sum(axis=1, keepdims=True)]
+
+    passing = [(0.0, 0, {}, None, naive), (0.0, 1, {}, None, correct)]
+    rep = _report(2)
+    kept = _stress_check(CpuBackend(), g, stress, passing, {1}, rep)
+    assert [p[1] for p in kept] == [1]
+    assert rep.candidates[0].status == "rejected"
+    assert "NaN/Inf" in (rep.candidates[0].error or "")
+    # a baseline that fails too: the overflow is the graph's own, nothing is rejected
+    rep = _report(2)
+    kept = _stress_check(CpuBackend(), g, stress, passing, {0}, rep)
+    assert [p[1] for p in kept] == [0, 1]
+    assert any("not enforced" in n for n in rep.notes)
