@@ -10,7 +10,7 @@ Steps (each prints as it goes; JSON goes to $OUT/gpu_check.json, or --out):
 2. ``yirage_cuda.self_check()`` on the GPU;
 3. every fixture plan of tests/cuda/plans.py (fp32/fp16/bf16) through every variant
    (Triton, CUDA C++ with mma.sync, CUDA C++ with FMA) against float64 references;
-4. the TARGETS.md workloads at full size in fp16: hand-tiled plans (a small sweep of tile
+4. the bench workloads at full size in fp16: hand-tiled plans (a small sweep of tile
    configurations), checked against an fp32 reference, timed as CUDA-graph replay medians
    (L2 flushed between replays) next to PyTorch eager, torch.compile and the expert kernel
    (SDPA) on the same inputs, with the roofline from the measured bandwidth/peak;
@@ -447,7 +447,7 @@ def main() -> int:
     ap.add_argument(
         "--compile-mode",
         default="default",
-        help="torch.compile mode (TARGETS.md used max-autotune: pass max-autotune-no-cudagraphs)",
+        help="torch.compile mode (the peers ran max-autotune: pass max-autotune-no-cudagraphs)",
     )
     ap.add_argument("--skip-fixtures", action="store_true")
     ap.add_argument("--no-search", action="store_true", help="skip yr.superoptimize")
@@ -524,7 +524,7 @@ def main() -> int:
         save()
 
     log(
-        "\n[3] TARGETS.md workloads, fp16, CUDA-graph replay medians in µs"
+        "\n[3] bench workloads, fp16, CUDA-graph replay medians in µs"
         + ("" if args.no_flush else " (L2 flushed between replays)")
     )
     ok &= step_workloads(torch, args, peaks, out, save)
@@ -535,7 +535,7 @@ def main() -> int:
         rec = _verification.record(
             "HARDWARE",
             f"benchmarks/gpu_check.py on {info.name}: self_check, {n_fx} fixture kernel checks and "
-            f"{len(out['workloads'])} full-size TARGETS.md workloads matched their references",
+            f"{len(out['workloads'])} full-size bench workloads matched their references",
             arch=info.arch,
             device=info.name,
             toolchain=out["toolchain"],

@@ -1,6 +1,6 @@
 """Diagnostics for the Triton printer: CUDA-graph replay time of hand-tiled fixture plans
 (tests/cuda/plans.py) over tile sizes, loop splits, warps and pipeline depths, at the
-TARGETS.md shapes. Tells which configurations the search and cost model should reach.
+bench shapes. Tells which configurations the search and cost model should reach.
 
     python benchmarks/tile_sweep.py rmsnorm_linear --tn 32 48 64 --tk 256 512 --stages 3 5
 

@@ -1,7 +1,7 @@
 """Every printed kernel compiles for the H100 (sm_90) without a GPU: Triton kernels through
 ``triton.compile`` with a CUDA target (Triton ships ptxas), CUDA C++ kernels to a cubin with
 NVRTC (cuda-python's ``cuda.bindings.nvrtc``; skipped with the reason when not importable).
-Covers the CI-size fixtures in fp32/fp16/bf16 and the TARGETS.md workloads at full size."""
+Covers the CI-size fixtures in fp32/fp16/bf16 and the bench workloads at full size."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """GPU tests (``pytest -m cuda tests/cuda``; skipped without a GPU unless
 YIRAGE_REQUIRE_DEVICE=1): every variant (Triton, CUDA C++ with tensor-core MMA, CUDA C++
-with FMA) of every fixture plan on the device against float64 references; the TARGETS.md
+with FMA) of every fixture plan on the device against float64 references; the bench
 workloads at full size in fp16 against an fp32 reference; profiling with CUDA events and
 CUDA-graph replay; and, once the search is available, every candidate it emits."""
 

@@ -1,4 +1,4 @@
-"""Plans from the real search: every candidate ``yr.search`` emits for the TARGETS.md
+"""Plans from the real search: every candidate ``yr.search`` emits for the bench
 workloads (at small shapes, float32 and float16) is printed as Triton and run in the Triton
 interpreter against the core's float64 reference evaluator, its Triton kernels compile for
 sm_90, and its CUDA C++ runs in the host emulation; ``yr.superoptimize`` works end to end

@@ -56,7 +56,7 @@ pub enum KernelOpKind {
         weight: Option<TensorId>,
         eps: f64,
     },
-    /// `exp(x) / sum(exp(x), dim)` (exact math; see ARCHITECTURE §4 on safe softmax).
+    /// `exp(x) / sum(exp(x), dim)` (exact math; printers apply the safe-softmax shift).
     Softmax {
         x: TensorId,
         dim: usize,

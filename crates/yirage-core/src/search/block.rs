@@ -11,7 +11,7 @@
 //! Unary ops, rms_norm and target [`Fragment`]s in the loop body are not moves of their
 //! own: a move is a main op whose operands are *views* — a tile with a chain of such steps
 //! applied, materialised with the move (see `views`). Elementwise chains are fused into
-//! their consumer by rule (ARCHITECTURE.md §3), and every body tile has a consumer, so this
+//! their consumer by rule (docs/kernel-plan.md), and every body tile has a consumer, so this
 //! enumerates the same programs with far fewer states: attention's 7 ops are 5 moves,
 //! QK-norm attention's 13 ops 5 moves. `max_block_ops` counts every op, a fragment as one.
 //!
@@ -652,7 +652,7 @@ fn extend(
 
 /// The operands moves may use. Unary ops, rms_norm and target fragments in the loop body
 /// are not moves of their own: they are steps folded into the operand that consumes them
-/// (elementwise chains are fused into their consumer by rule, ARCHITECTURE.md §3, and every
+/// (elementwise chains are fused into their consumer by rule, docs/kernel-plan.md, and every
 /// body tile has a consumer), so the DFS is as deep as the program has other ops. Body
 /// tiles and inputs get every chain of known steps up to [`MAX_CHAIN`] long (1 without
 /// pruning); a value reachable two ways keeps the shorter (a tile itself first). After-loop

@@ -2,7 +2,7 @@
 
 A vendor package (``yirage-cuda``, ``yirage-cpu`` …) registers an entry point in the group
 ``yirage.backends`` whose value is a cheap ``register()`` returning a :class:`Backend`.
-See ARCHITECTURE.md §8 and docs/backends.md.
+See docs/backends.md.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Hardware limits that shape the candidate generators of the search (ARCHITECTURE §5).
+    """Hardware limits that shape the candidate generators of the search.
 
     Derived from a DeviceSpec by :meth:`Backend.search_space`; the core's search consumes
     it (the search itself arrives in a later release)."""

@@ -1,9 +1,9 @@
-"""``yirage demo``: superoptimize the bundled RMSNorm + Linear example (or any TARGETS.md
+"""``yirage demo``: superoptimize the bundled RMSNorm + Linear example (or any bench
 workload, or all of them) on the best available backend and compare it with PyTorch eager
 (numpy when torch is not installed).
 
 The CPU backend runs the workloads' ``"cpu"`` preset (float32, reduced sizes), every other
-backend the ``"gpu"`` preset (float16, full TARGETS.md sizes). Times are medians from the
+backend the ``"gpu"`` preset (float16, the full decode sizes). Times are medians from the
 backend's own profiler, yirage and the baseline measured alternately on the same inputs.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from yirage._backend import Backend
+from yirage._errors import ConfigError
 from yirage._kernel import to_numpy64
 
 __all__ = ["run_demo"]
@@ -33,9 +34,7 @@ def _baseline(name: str, preset: str, device: str) -> tuple[str, Callable[..., A
         import torch  # noqa: F401
     except ImportError:
         if name != DEFAULT_WORKLOAD:
-            raise RuntimeError(
-                f"the {name} demo compares with PyTorch: pip install torch"
-            ) from None
+            raise ConfigError(f"the {name} demo compares with PyTorch: pip install torch") from None
         eps = 1e-6
 
         def numpy_ref(x: np.ndarray, wt: np.ndarray) -> list[np.ndarray]:

@@ -188,7 +188,10 @@ def _ordered(names: list[str]) -> list[str]:
 
 def _not_installed_reason(name: str) -> str:
     if name in KNOWN_BACKENDS:
-        return f"not installed: pip install yirage[{name}]"
+        return (
+            f"not installed: pip install yirage[{name}] "
+            f"(from a checkout: pip install ./packages/yirage-{name})"
+        )
     return f"no backend called {name!r} is installed (yirage's own: {', '.join(KNOWN_BACKENDS)})"
 
 

@@ -1,7 +1,7 @@
-"""The TARGETS.md workloads, each defined once: graph builder, torch reference, optional
-expert kernel, and shape presets.
+"""The bench workloads (benchmarks/README.md), each defined once: graph builder, torch
+reference, optional expert kernel, and shape presets.
 
-Presets: ``"gpu"`` is the full TARGETS.md size in float16, ``"cpu"`` the reduced CPU size in
+Presets: ``"gpu"`` is the full size in float16, ``"cpu"`` the reduced CPU size in
 float32; some workloads have further named presets (e.g. ``"gpu_b1"``, ``"paper"``). The
 graph builder and the reference function take the same tensors in the same layout, so a
 benchmark can feed one set of inputs to yirage, to the reference (PyTorch eager or
