@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from yirage import Backend, DeviceSpec, ProbeResult, VerificationLevel
-from yirage._errors import BackendError
+from yirage.plugin import Backend, BackendError, DeviceSpec, ProbeResult, VerificationLevel
 from yirage_cpu import _codegen, _device_spec, _probe, _runtime, _toolchain
 
 
@@ -41,7 +40,7 @@ class CpuBackend(Backend):
     #: the installed meta package's PLUGIN_API and the registry's check could never catch a
     #: mismatch; declared, a yirage of another major API version refuses this backend with an
     #: error that names the versions to install.
-    plugin_api = (1, 0)
+    plugin_api = (1, 1)
     distribution = "yirage-cpu"
     verification_level = VerificationLevel.HARDWARE
     #: File suffix of the generated source (used when a kernel is saved).

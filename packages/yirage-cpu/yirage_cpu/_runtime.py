@@ -22,8 +22,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from yirage import _cache
-from yirage._errors import BackendError, DTypeError, ShapeError
+from yirage import plugin
+from yirage.plugin import BackendError, DTypeError, ShapeError
 from yirage_cpu._codegen import CpuSource
 from yirage_cpu._toolchain import CompiledLibrary
 
@@ -269,11 +269,9 @@ _BINARY_NP: dict[str, np.ufunc] = {
 
 def _all_reduce(x: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
     """The all_reduce library kernel: the sum of ``x`` over the ranks through the calling
-    thread's collective (``yirage._collectives``: torch.distributed by default)."""
-    from yirage import _collectives
-
+    thread's collective (``yirage.plugin.all_reduce``: torch.distributed by default)."""
     local = np.array(x, dtype=np.float32, copy=True)  # never reduce into an input buffer
-    return np.asarray(_collectives.all_reduce(local, int(params.get("world_size", 1))))
+    return np.asarray(plugin.all_reduce(local, int(params.get("world_size", 1))))
 
 
 def run_library_kernel(
@@ -349,10 +347,10 @@ def run_library_kernel(
 def _load_library(path: Path) -> ctypes.CDLL:
     """``dlopen`` a compiled library after checking it against its cache checksum: a
     truncated shared object would kill the process with SIGBUS inside ``dlopen``. Raises
-    :class:`yirage._cache.DamagedEntryError` (an OSError, which ``CpuBackend.load`` answers by
+    :class:`yirage.plugin.DamagedEntryError` (an OSError, which ``CpuBackend.load`` answers by
     compiling again) when the entry is missing or damaged; the damage is logged once."""
-    if _cache.verified_path(path) is None:
-        raise _cache.DamagedEntryError(
+    if plugin.verified_path(path) is None:
+        raise plugin.DamagedEntryError(
             f"the compiled library {path} is missing or damaged and was not loaded; compile "
             "the source again (CpuBackend.load does so by itself)"
         )

@@ -17,7 +17,7 @@ and so the search's cost model, the printer and the cache keys, all take it from
 Artifacts live in the yirage disk cache (``cpu-so`` entries), keyed by the source hash, the
 compiler identity, the flags, the vector width they allow, the host CPU, and the versions of
 the core, yirage-cpu and the printer; writes are atomic and locked, so concurrent processes
-compile once. Each shared object is stored with its checksum (``yirage._cache.store_artifact``)
+compile once. Each shared object is stored with its checksum (``yirage.plugin.store_artifact``)
 and verified before it is reused or loaded: a damaged one is reported and compiled again
 rather than handed to ``dlopen``.
 """
@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from yirage import Backend, _cache
-from yirage._errors import BackendError, BackendUnavailableError
+from yirage import plugin
+from yirage.plugin import Backend, BackendError, BackendUnavailableError
 from yirage_cpu._codegen import CODEGEN_VERSION
 from yirage_cpu._probe import _COMPILERS
 
@@ -269,12 +269,7 @@ def host_cpu_id() -> str:
 
 
 def _core_version() -> str:
-    try:
-        from yirage import _core
-
-        return str(_core.__version__)
-    except Exception:
-        return "unknown"
+    return plugin.CORE_VERSION
 
 
 def _package_version() -> str:
@@ -390,8 +385,8 @@ def select_flags(
         "openmp": " ".join(omp),
         "probe": "1",
     }
-    path = _cache.entry_path("cpu-toolchain", parts, ".json")
-    cached = _cache.read_json(path)
+    path = plugin.entry_path("cpu-toolchain", parts, ".json")
+    cached = plugin.read_json(path)
     if cached:
         flags_c, notes_c = cached.get("flags"), cached.get("notes", [])
         if isinstance(flags_c, list) and isinstance(notes_c, list):
@@ -428,8 +423,8 @@ def select_flags(
                 f"{compiler.describe()} cannot build a shared library: {err2[:300]}; "
                 f"{_INSTALL_HINT}"
             )
-    with _cache.locked(path):
-        _cache.write_json(path, {"flags": list(flags), "notes": notes})
+    with plugin.locked(path):
+        plugin.write_json(path, {"flags": list(flags), "notes": notes})
     return flags, tuple(notes)
 
 
@@ -467,7 +462,7 @@ def compile_shared(
         "yirage_cpu": _package_version(),
         "codegen": CODEGEN_VERSION,
     }
-    path = _cache.entry_path("cpu-so", parts, ".so")
+    path = plugin.entry_path("cpu-so", parts, ".so")
     src_path = path.with_suffix(".c")
 
     def done(cache_hit: bool) -> CompiledLibrary:
@@ -476,10 +471,10 @@ def compile_shared(
             path, cache_hit, seconds, cc, flags, path.stem, src_path, notes, vector_bits
         )
 
-    if _cache.verified_path(path) is not None:
+    if plugin.verified_path(path) is not None:
         return done(True)
-    with _cache.locked(path):
-        if _cache.verified_path(path) is not None:  # another process built it meanwhile
+    with plugin.locked(path):
+        if plugin.verified_path(path) is not None:  # another process built it meanwhile
             return done(True)
         _compile_into(cc, flags, source, path, name)
     return done(False)
@@ -489,7 +484,7 @@ def _compile_into(cc: Compiler, flags: tuple[str, ...], source: str, path: Path,
     """Compile ``source`` and store the shared object at ``path`` with its checksum (the
     caller holds the entry's lock); the source is kept beside it for error reports."""
     src_path = path.with_suffix(".c")
-    _cache.atomic_write_bytes(src_path, source.encode("utf-8"))
+    plugin.atomic_write_bytes(src_path, source.encode("utf-8"))
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".so.tmp")
     os.close(fd)
     tmp = Path(tmp_name)
@@ -508,7 +503,7 @@ def _compile_into(cc: Compiler, flags: tuple[str, ...], source: str, path: Path,
                 stderr=stderr,
                 source_path=src_path,
             )
-        _cache.store_artifact(path, tmp.read_bytes())
+        plugin.store_artifact(path, tmp.read_bytes())
     except subprocess.TimeoutExpired:
         raise CompileError(
             f"{cc.describe()} did not finish within {_COMPILE_TIMEOUT_S:.0f} s on {name}",
@@ -522,5 +517,5 @@ def _compile_into(cc: Compiler, flags: tuple[str, ...], source: str, path: Path,
 
 def forget(library: CompiledLibrary) -> None:
     """Remove a cache entry that turned out to be corrupt (it is rebuilt on the next compile)."""
-    with _cache.locked(library.path):
-        _cache.discard(library.path)
+    with plugin.locked(library.path):
+        plugin.discard(library.path)

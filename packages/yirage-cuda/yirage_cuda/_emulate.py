@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from yirage import _cache
+from yirage import plugin
 from yirage_cuda._cuda_codegen import CudaCppSource
 from yirage_cuda._runtime import CudaLauncher
 from yirage_cuda._toolchain import ToolchainError
@@ -51,9 +51,9 @@ class EmulatedCudaCpp:
             "cxx": cxx,
             "kind": "emulation",
         }
-        path = _cache.entry_path("cuda-emulation", key, ".so")
-        with _cache.locked(path):
-            if _cache.verified_path(path) is None:  # never dlopen a damaged library
+        path = plugin.entry_path("cuda-emulation", key, ".so")
+        with plugin.locked(path):
+            if plugin.verified_path(path) is None:  # never dlopen a damaged library
                 with tempfile.TemporaryDirectory(prefix="yirage-cuda-emu-") as tmp:
                     cpp = Path(tmp, "k.cpp")
                     cpp.write_text(src.text)
@@ -80,7 +80,7 @@ class EmulatedCudaCpp:
                         raise ToolchainError(
                             f"host build of the CUDA C++ emulation failed:\n{proc.stderr}"
                         )
-                    _cache.store_artifact(path, out.read_bytes())
+                    plugin.store_artifact(path, out.read_bytes())
         self.lib = ctypes.CDLL(str(path))
 
     def launch_kernel(self, name: str, grid: tuple[int, int, int], *tensors: Any) -> None:

@@ -109,8 +109,8 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
             )
         elif k.op == "all_reduce":
             # the sum over the ranks through the calling thread's collective
-            # (yirage._collectives: torch.distributed by default); a copy, never an input
-            lines.append("from yirage._collectives import all_reduce as _yr_all_reduce")
+            # (yirage.plugin.all_reduce: torch.distributed by default); a copy, never an input
+            lines.append("from yirage.plugin import all_reduce as _yr_all_reduce")
             expr = f"_yr_all_reduce({f[0]}.clone(), {int(p.get('world_size', 1))})"
         else:  # pragma: no cover - validated by the parser
             raise CodegenError(f"library op {k.op!r} has no torch lowering")

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
-from yirage._errors import BackendError, DTypeError, ShapeError
+from yirage.plugin import BackendError, DTypeError, ShapeError
 from yirage_cuda._plan import Plan
 
 __all__ = [

@@ -9,7 +9,7 @@
   importable, else ``nvcc`` from PATH/CUDA_HOME; cached as ``cuda-cubin`` entries keyed by
   {source hash, compiler + version, arch}.
 
-Every cached file is stored with its checksum (``yirage._cache.store_artifact``) and verified
+Every cached file is stored with its checksum (``yirage.plugin.store_artifact``) and verified
 before it is used: a damaged module, cubin or PTX is reported once and written again.
 
 Nothing here imports torch/triton/cuda-python at module import time.
@@ -37,8 +37,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from yirage import _cache
-from yirage._errors import BackendError
+from yirage import plugin
+from yirage.plugin import BackendError
 
 __all__ = [
     "CompiledCuda",
@@ -298,11 +298,11 @@ def _triton_key(text: str, codegen_version: str) -> dict[str, str]:
 def write_triton_module(text: str, codegen_version: str) -> Path:
     """Write a printed Triton module into the cache (once) and return its path; an entry that
     fails its checksum is reported and written again."""
-    path = _cache.entry_path("cuda-triton", _triton_key(text, codegen_version), ".py")
+    path = plugin.entry_path("cuda-triton", _triton_key(text, codegen_version), ".py")
     data = text.encode()
-    with _cache.locked(path):
-        if _cache.load_verified_artifact(path) != data:
-            _cache.store_artifact(path, data)
+    with plugin.locked(path):
+        if plugin.load_verified_artifact(path) != data:
+            plugin.store_artifact(path, data)
     return path
 
 
@@ -402,7 +402,7 @@ def load_triton_module(path: Path, interpret: bool = False) -> ModuleType:
         mod = _MODULES.get(key)
         if mod is not None:
             return mod
-        if _cache.verified_path(Path(path)) is None:
+        if plugin.verified_path(Path(path)) is None:
             raise ToolchainError(
                 f"the generated Triton module {path} is missing or damaged and was not "
                 "imported; compile the source again (write_triton_module restores it)"
@@ -593,9 +593,9 @@ def _cached_cuda(path: Path, arch: str, compiler: str) -> CompiledCuda | None:
     checksum before the cubin can reach the driver); None when any part is missing or damaged
     (a damaged part is reported and removed)."""
     parts = (
-        _cache.read_json(path.with_suffix(".json")),
-        _cache.load_verified_artifact(path),
-        _cache.load_verified_artifact(path.with_suffix(".ptx")),
+        plugin.read_json(path.with_suffix(".json")),
+        plugin.load_verified_artifact(path),
+        plugin.load_verified_artifact(path.with_suffix(".ptx")),
     )
     meta, cubin, ptx = parts
     if meta is None or cubin is None or ptx is None:
@@ -620,16 +620,16 @@ def compile_cuda(
             "compiler": f"{comp} {version}",
             "arch": arch,
         }
-        path = _cache.entry_path("cuda-cubin", key, ".cubin")
+        path = plugin.entry_path("cuda-cubin", key, ".cubin")
         cached = _cached_cuda(path, arch, f"{comp} {version}")
         if cached is not None:
             return cached
         fn = _nvrtc_compile if comp == "nvrtc" else _nvcc_compile
         cubin, ptx, log = fn(text, arch, name)
-        with _cache.locked(path):  # the metadata goes last: it commits the entry
-            _cache.store_artifact(path, cubin)
-            _cache.store_artifact(path.with_suffix(".ptx"), ptx.encode())
-            _cache.write_json(
+        with plugin.locked(path):  # the metadata goes last: it commits the entry
+            plugin.store_artifact(path, cubin)
+            plugin.store_artifact(path.with_suffix(".ptx"), ptx.encode())
+            plugin.write_json(
                 path.with_suffix(".json"),
                 {"log": log, "compiler": f"{comp} {version}", "arch": arch},
             )

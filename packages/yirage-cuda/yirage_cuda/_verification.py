@@ -23,7 +23,8 @@ import platform
 from importlib import resources
 from typing import Any
 
-from yirage import VerificationLevel, _cache
+from yirage import plugin
+from yirage.plugin import VerificationLevel
 
 __all__ = ["current_level", "local_records", "record", "shipped_records"]
 
@@ -54,11 +55,11 @@ def shipped_records() -> list[dict[str, Any]]:
 
 
 def local_records() -> list[dict[str, Any]]:
-    root = _cache.cache_root() / _cache.LAYOUT_VERSION / "cuda-verification"
+    root = plugin.cache_root() / plugin.LAYOUT_VERSION / "cuda-verification"
     out = []
     if root.is_dir():
         for p in sorted(root.glob("*.json")):
-            data = _cache.read_json(p)
+            data = plugin.read_json(p)
             if data is not None:
                 out.append(dict(data, origin=str(p)))
     return out
@@ -77,9 +78,9 @@ def record(level: str, summary: str, **details: Any) -> dict[str, Any]:
         **details,
     }
     key = {"level": level, "version": rec["package_version"], "arch": str(details.get("arch", ""))}
-    path = _cache.entry_path("cuda-verification", key, ".json")
-    with _cache.locked(path):
-        _cache.write_json(path, rec)
+    path = plugin.entry_path("cuda-verification", key, ".json")
+    with plugin.locked(path):
+        plugin.write_json(path, rec)
     return rec
 
 

@@ -15,7 +15,6 @@ from yirage._backend import (
     Backend,
     DeviceSpec,
     ProbeResult,
-    SearchSpace,
     VerificationLevel,
 )
 from yirage._dtypes import DType, bfloat16, float16, float32
@@ -90,7 +89,6 @@ __all__ = [
     "STensor",
     "SearchReport",
     "SearchResult",
-    "SearchSpace",
     "SerializationError",
     "ShapeError",
     "SuperoptimizeError",

@@ -17,24 +17,21 @@ import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from yirage._errors import BackendUnavailableError, NotImplementedBackendError
-
-if TYPE_CHECKING:
-    from yirage._graph import KernelGraph
 
 __all__ = [
     "PLUGIN_API",
     "Backend",
     "DeviceSpec",
+    "ProbeOnlyBackend",
     "ProbeResult",
-    "SearchSpace",
     "VerificationLevel",
 ]
 
 #: (major, minor) of the plugin contract. A plugin with another major is refused.
-PLUGIN_API: tuple[int, int] = (1, 0)
+PLUGIN_API: tuple[int, int] = (1, 1)
 
 
 class VerificationLevel(enum.Enum):
@@ -120,24 +117,6 @@ class ProbeResult:
     toolchain: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class SearchSpace:
-    """Hardware limits that shape the candidate generators of the search.
-
-    Derived from a DeviceSpec by :meth:`Backend.search_space`; the core's search consumes
-    it (the search itself arrives in a later release)."""
-
-    block_sizes: tuple[int, ...]
-    max_grid_blocks: int
-    forloop_ranges: tuple[int, ...]
-    reduction_dimx: tuple[int, ...]
-    shared_mem_bytes: int
-    matrix_tile: tuple[int, int, int] | None
-
-
-_CONSERVATIVE_SHARED = 48 * 1024
-
-
 class Backend(ABC):
     """Base class of every backend. Subclasses set ``name`` and implement :meth:`probe` and
     :meth:`device_spec`; the code-generation steps raise NotImplementedBackendError until a
@@ -150,6 +129,10 @@ class Backend(ABC):
     #: Distribution that ships this backend (used for ``package_version``).
     distribution: str = ""
     verification_level: VerificationLevel = VerificationLevel.NONE
+    #: File suffix of the printed source (a saved kernel's ``kernel<suffix>``).
+    source_suffix: str = ".txt"
+    #: The torch device string of this backend's tensors (None: numpy arrays, no torch).
+    torch_device: str | None = None
 
     @property
     def package_version(self) -> str:
@@ -179,27 +162,21 @@ class Backend(ABC):
         """The backend's datasheet table of known chips (may be empty)."""
         return {}
 
-    def search_space(self, graph: KernelGraph | None = None) -> SearchSpace:
-        """Search limits derived from :meth:`device_spec` (``graph`` reserved for
-        shape-dependent refinements)."""
-        spec = self.device_spec()
-        warp = spec.warp_size or 1
-        max_threads = spec.max_threads_per_block or warp
-        sizes: list[int] = []
-        threads = warp
-        while threads <= max_threads and len(sizes) < 6:
-            sizes.append(threads)
-            threads *= 2
-        tile = spec.matrix_tile
-        dimx = tuple(sorted({64, *(tile[1:2] if tile else ())}))
-        return SearchSpace(
-            block_sizes=tuple(sizes) or (1,),
-            max_grid_blocks=max(1, (spec.compute_units or 1) * 8),
-            forloop_ranges=(1, 2, 4, 8, 16, 32, 64),
-            reduction_dimx=dimx,
-            shared_mem_bytes=spec.shared_mem_per_block or _CONSERVATIVE_SHARED,
-            matrix_tile=tile,
-        )
+    def toolchain(self) -> dict[str, str]:
+        """Names and versions of the toolchain in use (shown in reports and the doctor)."""
+        return {}
+
+    def from_numpy(self, arrays: Sequence[Any], dtypes: Sequence[str]) -> list[Any]:
+        """float32 numpy arrays as this backend's tensors in ``dtypes``: torch tensors on
+        :attr:`torch_device` by default (a backend without torch overrides this)."""
+        if self.torch_device is None:
+            raise NotImplementedBackendError(self.name, self.package_version, "from_numpy")
+        import torch
+
+        return [
+            torch.from_numpy(a).to(device=self.torch_device, dtype=getattr(torch, d))
+            for a, d in zip(arrays, dtypes, strict=True)
+        ]
 
     # -- steps filled in per vendor by later releases -----------------------------------------
     def codegen(self, plan: Any) -> Any:
@@ -305,3 +282,19 @@ class Backend(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.package_version}>"
+
+
+class ProbeOnlyBackend(Backend):
+    """A backend whose package probes its hardware and describes it but has no code
+    generator yet: :meth:`device_spec` is the live spec, or BackendUnavailableError with
+    the probe's reason; the code-generation steps raise NotImplementedBackendError."""
+
+    @abstractmethod
+    def live_spec(self) -> DeviceSpec | None:
+        """The spec of the device found on this machine, or None without one."""
+
+    def device_spec(self) -> DeviceSpec:
+        spec = self.live_spec()
+        if spec is None:
+            raise self._unavailable(self.probe().reason)
+        return spec

@@ -63,7 +63,7 @@ def _one(be: Backend, name: str, rounds: int, search_options: dict[str, Any]) ->
     kernel = superoptimize(g, backend=be, **options)
     wall = time.perf_counter() - t0
     rep = kernel.report
-    device = getattr(be, "torch_device", "cpu" if be.name == "cpu" else be.name)
+    device = be.torch_device or "cpu"
     base_name, base_fn, inputs = _baseline(name, preset, device)
     ours: list[float] = []
     theirs: list[float] = []

@@ -16,10 +16,11 @@ from yirage._errors import ConfigError
 __all__ = [
     "ENV_VARS",
     "EnvVar",
+    "all_env_vars",
     "backends",
     "cache_dir",
-    "cuda_pdl",
     "log_level",
+    "register_env_var",
     "require_device",
     "threads",
 ]
@@ -40,6 +41,18 @@ class EnvVar:
             return None
         return value.strip()
 
+    def flag(self, unset: bool) -> bool:
+        """The value as an on/off switch (1/0, true/false, yes/no, on/off); ``unset`` when
+        unset. Anything else is a ConfigError naming the variable."""
+        raw = self.raw()
+        if raw is None:
+            return unset
+        if raw.lower() in {"1", "true", "yes", "on"}:
+            return True
+        if raw.lower() in {"0", "false", "no", "off"}:
+            return False
+        raise ConfigError(f"{self.name}={raw!r}: expected 1 or 0")
+
 
 YIRAGE_BACKENDS = EnvVar(
     "YIRAGE_BACKENDS",
@@ -53,14 +66,6 @@ YIRAGE_CACHE_DIR = EnvVar(
     "YIRAGE_CACHE_DIR",
     "$XDG_CACHE_HOME/yirage, or ~/.cache/yirage when XDG_CACHE_HOME is unset",
     "Directory of yirage's on-disk cache.",
-)
-YIRAGE_CUDA_PDL = EnvVar(
-    "YIRAGE_CUDA_PDL",
-    "1",
-    "'0' launches the cuda backend's Triton kernels without programmatic dependent launch. "
-    "With it (sm_90 and newer; attention kernels excepted), each kernel waits for the kernels "
-    "before it and lets the next one launch early, so back-to-back kernels overlap their "
-    "launch gap.",
 )
 YIRAGE_LOGS = EnvVar(
     "YIRAGE_LOGS",
@@ -82,14 +87,32 @@ YIRAGE_THREADS = EnvVar(
 ENV_VARS: tuple[EnvVar, ...] = (
     YIRAGE_BACKENDS,
     YIRAGE_CACHE_DIR,
-    YIRAGE_CUDA_PDL,
     YIRAGE_LOGS,
     YIRAGE_REQUIRE_DEVICE,
     YIRAGE_THREADS,
 )
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_REGISTERED: dict[str, EnvVar] = {v.name: v for v in ENV_VARS}
+
+
+def register_env_var(var: EnvVar) -> EnvVar:
+    """Add a vendor package's variable to the registry, so ``yirage doctor`` and the bench
+    record list it (call it when the package is imported; registering the same variable
+    again is a no-op). Names start with ``YIRAGE_``; a name registered with another
+    definition is a ConfigError."""
+    if not var.name.startswith("YIRAGE_"):
+        raise ConfigError(f"environment variable {var.name!r}: yirage's names start with YIRAGE_")
+    known = _REGISTERED.setdefault(var.name, var)
+    if known != var:
+        raise ConfigError(f"environment variable {var.name} is already registered differently")
+    return var
+
+
+def all_env_vars() -> tuple[EnvVar, ...]:
+    """The meta package's variables and those vendor packages registered, by name."""
+    return tuple(sorted(_REGISTERED.values(), key=lambda v: v.name))
+
+
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -133,25 +156,9 @@ def log_level() -> int:
     return int(getattr(logging, upper))
 
 
-def _flag(var: EnvVar, unset: bool) -> bool:
-    raw = var.raw()
-    if raw is None:
-        return unset
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
-    raise ConfigError(f"{var.name}={raw!r}: expected 1 or 0")
-
-
 def require_device() -> bool:
     """True when ``YIRAGE_REQUIRE_DEVICE`` asks hardware tests to fail instead of skip."""
-    return _flag(YIRAGE_REQUIRE_DEVICE, unset=False)
-
-
-def cuda_pdl() -> bool:
-    """False when ``YIRAGE_CUDA_PDL`` turns programmatic dependent launch off (default on)."""
-    return _flag(YIRAGE_CUDA_PDL, unset=True)
+    return YIRAGE_REQUIRE_DEVICE.flag(unset=False)
 
 
 def threads() -> int | None:

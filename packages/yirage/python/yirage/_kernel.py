@@ -244,16 +244,7 @@ def to_backend_tensors(
     backend: Backend, arrays: Sequence[np.ndarray], dtypes: Sequence[str]
 ) -> list[Any]:
     """Put float32 numpy arrays on the backend's device in the graph's dtypes."""
-    convert = getattr(backend, "from_numpy", None)
-    if callable(convert):
-        return list(convert(arrays, dtypes))
-    import torch  # a GPU backend without its own conversion: torch tensors on its device
-
-    device = getattr(backend, "torch_device", backend.name)
-    return [
-        torch.from_numpy(a).to(device=device, dtype=getattr(torch, d))
-        for a, d in zip(arrays, dtypes, strict=True)
-    ]
+    return list(backend.from_numpy(arrays, dtypes))
 
 
 def rel_frobenius(actual: np.ndarray, expected: np.ndarray) -> float:
@@ -269,13 +260,6 @@ def rel_frobenius(actual: np.ndarray, expected: np.ndarray) -> float:
 
 def tolerance_for(graph: KernelGraph) -> float:
     return max(TOLERANCES[t.dtype.name] for t in graph.outputs)
-
-
-def numeric_check(
-    graph: KernelGraph, run: Any, inputs: Sequence[Any], reference: Sequence[np.ndarray]
-) -> float:
-    """Run ``run(*inputs)`` and return the worst relative error over the outputs."""
-    return _worst_error(run(*inputs), reference)
 
 
 def _worst_error(outs: Sequence[Any], reference: Sequence[np.ndarray]) -> float:
@@ -508,7 +492,7 @@ class OptimizedKernel:
             "graph_hash": self._graph.hash(),
             "world_size": self._graph.world_size,
             "source_sha256": hashlib.sha256(self.source.encode()).hexdigest(),
-            "source_suffix": getattr(self._backend, "source_suffix", ".txt"),
+            "source_suffix": self._backend.source_suffix,
             "report": self.report.to_dict(),
         }
 

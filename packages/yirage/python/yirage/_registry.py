@@ -147,6 +147,7 @@ def _load(ep: Any) -> _Entry:
         or len(api) != 2
         or not all(isinstance(v, int) for v in api)
         or api[0] != PLUGIN_API[0]
+        or api[1] > PLUGIN_API[1]  # written for a newer minor: members this yirage lacks
     ):
         have = ".".join(map(str, api)) if isinstance(api, tuple) else repr(api)
         entry.error = PluginAPIError(

@@ -211,15 +211,12 @@ def _decision_path(
 
 
 def _toolchain(be: Backend) -> dict[str, str]:
-    fn = getattr(be, "toolchain", None)
-    if callable(fn):
-        try:
-            return {str(k): str(v) for k, v in dict(fn()).items()}
-        except BackendUnavailableError:
-            raise
-        except Exception as exc:
-            return {"error": f"{type(exc).__name__}: {exc}"}
-    return {}
+    try:
+        return {str(k): str(v) for k, v in be.toolchain().items()}
+    except BackendUnavailableError:
+        raise
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _median_us(result: Any) -> float:

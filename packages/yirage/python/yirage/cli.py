@@ -46,9 +46,10 @@ def _versions() -> dict[str, str]:
 
 
 def _env_rows() -> list[dict[str, Any]]:
+    """Every registered variable (backends register theirs when discovery imports them)."""
     return [
         {"name": v.name, "value": v.raw(), "default": v.default, "description": v.description}
-        for v in _env.ENV_VARS
+        for v in _env.all_env_vars()
     ]
 
 

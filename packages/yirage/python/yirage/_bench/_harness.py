@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from yirage._bench import _report, _roofline, _timing
-from yirage._env import ENV_VARS
+from yirage._env import all_env_vars
 from yirage._errors import ConfigError
 
 __all__ = ["COMPILE_MODE", "CONTESTANTS", "BenchConfig", "Case", "run_bench", "select_cases"]
@@ -753,7 +753,7 @@ def run_bench(
             "time_budget_s": cfg.time_budget_s,
         },
         # every YIRAGE_* variable that was set (YIRAGE_CUDA_PDL=0 changes the kernels' launch)
-        "yirage_env": {v.name: v.raw() for v in ENV_VARS if v.raw() is not None},
+        "yirage_env": {v.name: v.raw() for v in all_env_vars() if v.raw() is not None},
     }
     run_info["noise"] = []
     if device == "cpu" and hasattr(os, "getloadavg"):
