@@ -20,10 +20,22 @@ pub trait Domain: Sync {
     fn add(&self, a: Self::V, b: Self::V) -> Self::V;
     fn mul(&self, a: Self::V, b: Self::V) -> Self::V;
     fn div(&self, a: Self::V, b: Self::V) -> Self::V;
+    /// Square root of a value known to be ≥ 0 in real arithmetic (means of squares plus eps;
+    /// the executor's sign analysis decides for `sqrt`/`rsqrt` ops, see [`crate::exec`]).
     fn sqrt(&self, a: Self::V) -> Self::V;
+    /// Square root of a value whose sign is not known (the field models it differently from
+    /// [`Domain::sqrt`]: its square root cannot see signs).
+    fn sqrt_signed(&self, a: Self::V) -> Self::V {
+        self.sqrt(a)
+    }
+    /// `1 / sqrt_signed(a)` (`rsqrt` of a value whose sign is not known).
+    fn rsqrt_signed(&self, a: Self::V) -> Self::V {
+        self.div(self.constant(1.0), self.sqrt_signed(a))
+    }
     /// `x / n` for an element count `n` (means): f64 divides, the field multiplies by n⁻¹.
     fn div_count(&self, x: Self::V, n: usize) -> Self::V;
-    /// An elementwise unary op as a function (parameters are embedded once here).
+    /// An elementwise unary op as a function (parameters are embedded once here); `sqrt` and
+    /// `rsqrt` here take arguments known to be ≥ 0.
     fn unary_fn<'a>(&'a self, op: UnaryOp) -> Box<dyn Fn(Self::V) -> Self::V + Send + Sync + 'a>;
     /// An elementwise binary op.
     fn binary(&self, op: BinaryOp, a: Self::V, b: Self::V) -> Self::V;

@@ -7,13 +7,16 @@
 //! every iteration, update accumulators, run after-loop ops once, place output tiles by
 //! omap/block index. The phase of each op comes from [`crate::phase`] (stored on the tiles
 //! by the builder). Blocks run in parallel with rayon; each block owns its buffers.
+//!
+//! A static sign analysis ([`tensor_signs`]) marks the values that are ≥ 0 for every real
+//! input; `sqrt`/`rsqrt` of other values use the domain's sign-unknown square root.
 
 use crate::block_graph::{BlockGraph, BlockOpKind};
 use crate::dense::{self, Dense};
 use crate::domain::Domain;
 use crate::error::{eval_err, CoreError, Result};
 use crate::kernel_graph::{KernelGraph, KernelOpKind};
-use crate::ops::AccumKind;
+use crate::ops::{AccumKind, BinaryOp, UnaryOp};
 use crate::phase::Phase;
 use crate::shape::fmt_dims;
 use rayon::prelude::*;
@@ -124,6 +127,7 @@ pub fn run_kernel_graph_ranks_on<D: Domain>(
         }
     }
     check_size(g)?;
+    let signs = tensor_signs(g);
     let mut vals: Vec<Vec<Val<'_, D::V>>> = vec![vec![None; g.num_tensors()]; n];
     let mut inputs: Vec<_> = inputs.iter().map(|v| v.iter()).collect();
     for op in g.ops() {
@@ -143,10 +147,10 @@ pub fn run_kernel_graph_ranks_on<D: Domain>(
                 }
                 vec![vec![Cow::Owned(acc)]; n]
             }
-            kind if n == 1 => vec![owned(run_op(d, kind, &vals[0])?)],
+            kind if n == 1 => vec![owned(run_op(d, kind, &vals[0], &signs)?)],
             kind => vals
                 .par_iter()
-                .map(|v| run_op(d, kind, v).map(owned))
+                .map(|v| run_op(d, kind, v, &signs).map(owned))
                 .collect::<Result<_>>()?,
         };
         for (rank_vals, rank_outs) in vals.iter_mut().zip(outs) {
@@ -177,11 +181,13 @@ fn owned<'a, V: Clone>(outs: Vec<Dense<V>>) -> Vec<Cow<'a, Dense<V>>> {
     outs.into_iter().map(Cow::Owned).collect()
 }
 
-/// One rank's results of a per-rank op (not an input, not a collective).
+/// One rank's results of a per-rank op (not an input, not a collective); `signs` is the
+/// graph's sign analysis ([`nonneg_tensors`]).
 fn run_op<D: Domain>(
     d: &D,
     kind: &KernelOpKind,
     vals: &[Val<'_, D::V>],
+    signs: &[Sign],
 ) -> Result<Vec<Dense<D::V>>> {
     let one = |v: Dense<D::V>| Ok(vec![v]);
     match kind {
@@ -189,7 +195,7 @@ fn run_op<D: Domain>(
             Err(internal("run_op on an input or a collective"))
         }
         KernelOpKind::Matmul { a, b } => one(dense::matmul(d, get(vals, *a)?, get(vals, *b)?)),
-        KernelOpKind::Unary { op, x } => one(dense::unary(d, *op, get(vals, *x)?)),
+        KernelOpKind::Unary { op, x } => one(unary_signed(d, *op, get(vals, *x)?, signs[*x])),
         KernelOpKind::Binary { op, a, b } => {
             one(dense::binary(d, *op, get(vals, *a)?, get(vals, *b)?))
         }
@@ -236,9 +242,142 @@ fn run_op<D: Domain>(
                 .iter()
                 .map(|&x| get(vals, x))
                 .collect::<Result<_>>()?;
-            run_block_graph(d, graph, &ins)
+            let in_signs: Vec<Sign> = inputs.iter().map(|&x| signs[x]).collect();
+            run_block_graph_signed(d, graph, &ins, &in_signs)
         }
     }
+}
+
+/// Elementwise unary op; `sqrt`/`rsqrt` of a value not known to be ≥ 0 (by `sign`) go
+/// through the domain's sign-unknown square root.
+fn unary_signed<D: Domain>(d: &D, op: UnaryOp, x: &Dense<D::V>, sign: Sign) -> Dense<D::V> {
+    let nonneg = sign >= Sign::NonNeg;
+    match op {
+        UnaryOp::Sqrt if !nonneg => map_elems(x, |v| d.sqrt_signed(v)),
+        UnaryOp::Rsqrt if !nonneg => map_elems(x, |v| d.rsqrt_signed(v)),
+        _ => dense::unary(d, op, x),
+    }
+}
+
+/// `f` over every element (on the rayon pool when large; elements are independent).
+fn map_elems<V: Copy + Send + Sync>(x: &Dense<V>, f: impl Fn(V) -> V + Sync + Send) -> Dense<V> {
+    let data = if x.data.len() >= 1 << 16 {
+        x.data.par_iter().map(|&v| f(v)).collect()
+    } else {
+        x.data.iter().map(|&v| f(v)).collect()
+    };
+    Dense {
+        dims: x.dims.clone(),
+        data,
+    }
+}
+
+/// What the sign analysis knows of a value for every real input (NaN allowed anywhere):
+/// ordered from least to most known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Sign {
+    Any,
+    /// ≥ 0.
+    NonNeg,
+    /// > 0.
+    Pos,
+}
+
+/// Sign of a unary op's output given its input's.
+fn unary_sign(op: UnaryOp, x: Sign) -> Sign {
+    use Sign::*;
+    match op {
+        UnaryOp::Exp | UnaryOp::Sigmoid => Pos,
+        UnaryOp::Square | UnaryOp::Sqrt | UnaryOp::Rsqrt => x.max(NonNeg),
+        UnaryOp::Relu => NonNeg,
+        UnaryOp::MulScalar(s) if s > 0.0 => x,
+        UnaryOp::MulScalar(0.0) => NonNeg,
+        UnaryOp::Clamp { lo, .. } if lo > 0.0 => Pos,
+        UnaryOp::Clamp { lo, hi } if lo >= 0.0 || (x >= NonNeg && hi >= 0.0) => NonNeg,
+        _ => Any,
+    }
+}
+
+/// Sign of a binary op on operands `ids` with signs `a`, `b`.
+fn binary_sign(op: BinaryOp, ids: (usize, usize), a: Sign, b: Sign) -> Sign {
+    use Sign::*;
+    match op {
+        BinaryOp::Add if a >= NonNeg && b >= NonNeg => a.max(b),
+        BinaryOp::Mul if ids.0 == ids.1 => a.max(NonNeg),
+        BinaryOp::Mul | BinaryOp::Div => a.min(b),
+        BinaryOp::Pow => a,
+        _ => Any,
+    }
+}
+
+/// Per kernel tensor: what is provably known of its sign for every real input (products,
+/// sums and quotients of squares, exps, square roots …). Sound, not complete: `Any` only
+/// means "not known". The field takes exact square roots only of values known to be ≥ 0.
+pub fn tensor_signs(g: &KernelGraph) -> Vec<Sign> {
+    let mut s = vec![Sign::Any; g.num_tensors()];
+    for op in g.ops() {
+        let outs: Vec<Sign> = match &op.kind {
+            KernelOpKind::Input { .. } => vec![Sign::Any],
+            KernelOpKind::Matmul { a, b } => vec![s[*a].min(s[*b])],
+            KernelOpKind::Unary { op, x } => vec![unary_sign(*op, s[*x])],
+            KernelOpKind::Binary { op, a, b } => vec![binary_sign(*op, (*a, *b), s[*a], s[*b])],
+            KernelOpKind::Reduction { x, .. }
+            | KernelOpKind::Chunk { x, .. }
+            | KernelOpKind::AllReduce { x } => vec![s[*x]],
+            KernelOpKind::RmsNorm { x, weight, .. } => {
+                vec![weight.map_or(s[*x], |w| s[*x].min(s[w]))]
+            }
+            KernelOpKind::Softmax { .. } => vec![Sign::Pos],
+            KernelOpKind::Concat { xs, .. } => {
+                vec![xs.iter().map(|&x| s[x]).min().unwrap_or(Sign::Any)]
+            }
+            KernelOpKind::Customized { inputs, graph } => {
+                let in_signs: Vec<Sign> = inputs.iter().map(|&x| s[x]).collect();
+                let tiles = tile_signs(graph, &in_signs);
+                graph.outputs().iter().map(|o| tiles[o.tile]).collect()
+            }
+        };
+        for (&id, v) in op.outs.iter().zip(outs) {
+            s[id] = v;
+        }
+    }
+    s
+}
+
+/// Per tensor: whether it is known to be ≥ 0 ([`tensor_signs`]).
+pub fn nonneg_tensors(g: &KernelGraph) -> Vec<bool> {
+    tensor_signs(g)
+        .into_iter()
+        .map(|s| s >= Sign::NonNeg)
+        .collect()
+}
+
+/// Per tile of a block graph: [`tensor_signs`] at the block level, given the signs of the
+/// kernel inputs (in input order).
+pub fn tile_signs(bg: &BlockGraph, in_signs: &[Sign]) -> Vec<Sign> {
+    let mut s = vec![Sign::Any; bg.ops().len()];
+    let mut next_input = 0;
+    for (i, op) in bg.ops().iter().enumerate() {
+        s[i] = match op {
+            BlockOpKind::Input { .. } => {
+                next_input += 1;
+                in_signs.get(next_input - 1).copied().unwrap_or(Sign::Any)
+            }
+            BlockOpKind::Matmul { a, b } => s[*a].min(s[*b]),
+            BlockOpKind::Unary { op, x } => unary_sign(*op, s[*x]),
+            BlockOpKind::Binary { op, a, b } => binary_sign(*op, (*a, *b), s[*a], s[*b]),
+            BlockOpKind::Reduction { x, .. }
+            | BlockOpKind::ReductionToDimx { x, .. }
+            | BlockOpKind::RmsNorm { x, .. } => s[*x],
+            BlockOpKind::Concat { xs, .. } => xs.iter().map(|&x| s[x]).min().unwrap_or(Sign::Any),
+            BlockOpKind::ForloopAccum { x, kind } => match kind {
+                AccumKind::Rms { eps } if *eps > 0.0 => Sign::Pos,
+                AccumKind::Rms { .. } => s[*x].max(Sign::NonNeg),
+                _ => s[*x],
+            },
+        };
+    }
+    s
 }
 
 /// Block index (x, y, z) of linear block number `b` (x fastest).
@@ -247,18 +386,29 @@ pub fn block_index(grid: [u32; 3], b: usize) -> [usize; 3] {
     [b % gx, (b / gx) % gy, b / (gx * gy)]
 }
 
-/// Execute block graph `bg` over its whole grid on kernel-level `inputs`.
+/// Execute block graph `bg` over its whole grid on kernel-level `inputs` (of unknown sign).
 pub fn run_block_graph<D: Domain>(
     d: &D,
     bg: &BlockGraph,
     inputs: &[&Dense<D::V>],
 ) -> Result<Vec<Dense<D::V>>> {
+    run_block_graph_signed(d, bg, inputs, &vec![Sign::Any; inputs.len()])
+}
+
+/// [`run_block_graph`] with the inputs' sign analysis.
+fn run_block_graph_signed<D: Domain>(
+    d: &D,
+    bg: &BlockGraph,
+    inputs: &[&Dense<D::V>],
+    in_signs: &[Sign],
+) -> Result<Vec<Dense<D::V>>> {
     if inputs.len() != bg.num_inputs() {
         return Err(internal("customized input count"));
     }
+    let signs = tile_signs(bg, in_signs);
     let per_block: Vec<Vec<Dense<D::V>>> = (0..bg.num_blocks())
         .into_par_iter()
-        .map(|b| run_one_block(d, bg, inputs, block_index(bg.grid_dim(), b)))
+        .map(|b| run_one_block(d, bg, inputs, &signs, block_index(bg.grid_dim(), b)))
         .collect::<Result<_>>()?;
     let grid = bg.grid_dim();
     let mut outs: Vec<Dense<D::V>> = bg
@@ -311,16 +461,17 @@ fn accum_finish<D: Domain>(
     }
 }
 
-/// Compute a non-input, non-accumulator tile op.
+/// Compute a non-input, non-accumulator tile op (`signs`: the tiles' sign analysis).
 fn compute_tile<D: Domain>(
     d: &D,
     op: &BlockOpKind,
     vals: &[Option<Dense<D::V>>],
+    signs: &[Sign],
     dimx: usize,
 ) -> Result<Dense<D::V>> {
     Ok(match op {
         BlockOpKind::Matmul { a, b } => dense::matmul(d, get(vals, *a)?, get(vals, *b)?),
-        BlockOpKind::Unary { op, x } => dense::unary(d, *op, get(vals, *x)?),
+        BlockOpKind::Unary { op, x } => unary_signed(d, *op, get(vals, *x)?, signs[*x]),
         BlockOpKind::Binary { op, a, b } => dense::binary(d, *op, get(vals, *a)?, get(vals, *b)?),
         BlockOpKind::Reduction { x, dim } => dense::reduce_sum(d, get(vals, *x)?, *dim),
         BlockOpKind::ReductionToDimx { x, dim } => {
@@ -343,6 +494,7 @@ fn run_one_block<D: Domain>(
     d: &D,
     bg: &BlockGraph,
     inputs: &[&Dense<D::V>],
+    signs: &[Sign],
     bidx: [usize; 3],
 ) -> Result<Vec<Dense<D::V>>> {
     let ops = bg.ops();
@@ -399,7 +551,7 @@ fn run_one_block<D: Domain>(
                 }
                 other => {
                     if tiles[i].phase == Phase::LoopBody {
-                        vals[i] = Some(compute_tile(d, other, &vals, dimx)?);
+                        vals[i] = Some(compute_tile(d, other, &vals, signs, dimx)?);
                     }
                 }
             }
@@ -415,7 +567,7 @@ fn run_one_block<D: Domain>(
                 let last = tiles[*x].dims.last().copied().unwrap_or(1);
                 accum_finish(d, *kind, acc, last, forloop)
             }
-            other => compute_tile(d, other, &vals, dimx)?,
+            other => compute_tile(d, other, &vals, signs, dimx)?,
         });
     }
     bg.outputs()

@@ -5,25 +5,30 @@
 //! p = 67 107 983, q = 33 553 991. Because p < 2^26, a product of two reduced values is
 //! < 2^52 and a u64 holds a sum of 4096 of them, so dot products reduce once per 4096 terms.
 //!
-//! g = 4 is a quadratic residue ≠ 1 mod p; the residues form the subgroup of prime order q,
-//! so g has order q and `b ↦ g^b` is a homomorphism (Z_q, +) → (Z_p^*, ·).
+//! G = 4 is a quadratic residue ≠ 1 mod p; the residues form the subgroup of prime order q,
+//! so every residue g ≠ 1 has order q and `b ↦ g^b` is a homomorphism (Z_q, +) → (Z_p^*, ·).
+//! A fingerprint trial uses a seeded random power g = G^k (k ≠ 0 mod q) as exp's base, so
+//! exp of a constant (g^c) is not the image of a simple constant (with the fixed base 4,
+//! exp(1) was the image of 4.0).
 //!
 //! The q-part is a value's residue mod q, needed only as an exponent. An exp's output has no
 //! known residue mod q (g^b is known mod p alone), so its q-part, and that of everything
 //! computed from it, is the marker [`UNKNOWN_Q`]: such values are compared by their p-part,
 //! and an exp of one is modelled by the fingerprint domain as g^h with h a seeded random
-//! function of its p-part (sound; exact again for exps of exp-free values).
+//! function of its p-part (sound; exact again for exps of exp-free values). The inverse of a
+//! value whose q-part is 0 (but whose p-part is not) has an unknown q-part too.
 //!
 //! Scalars enter exactly through the **dyadic embedding**: a finite f64 is m·2^e with m an
 //! integer (|m| < 2^53); it maps to m·2^e in each field, with 2^e for e < 0 computed as
-//! (2⁻¹)^|e|. Distinct dyadic rationals map to distinct field elements except with
-//! negligible probability, and the embedding is a ring homomorphism on dyadic rationals.
+//! (2⁻¹)^|e|. The embedding is a ring homomorphism on dyadic rationals; it is not injective
+//! (m·2^e and (m + k·p·q)·2^e collide), so the fingerprint checks the scalars of the graphs it
+//! compares for collisions (see [`crate::fingerprint`]).
 
 /// The prime p (safe prime, p = 2q + 1, p < 2^26).
 pub const P: u64 = 67_107_983;
 /// The prime q = (p − 1)/2, q ≡ 3 (mod 4).
 pub const Q: u64 = 33_553_991;
-/// Generator of the order-q subgroup of Z_p^* used by exp.
+/// Generator of the order-q subgroup of Z_p^*; exp's base in a trial is a seeded power of it.
 pub const G: u64 = 4;
 /// Number of products a u64 accumulator may hold before a reduction.
 pub const LAZY_TERMS: usize = 4096;
@@ -89,7 +94,7 @@ impl std::ops::Mul for Fv {
     }
 }
 
-/// Division multiplies by the componentwise inverse (0⁻¹ := 0).
+/// Division multiplies by the componentwise inverse (see [`Fv::inv`] for a zero divisor).
 impl std::ops::Div for Fv {
     type Output = Fv;
     #[allow(clippy::suspicious_arithmetic_impl)]
@@ -152,19 +157,31 @@ impl Fv {
             },
         }
     }
-    /// Componentwise inverse (0 ↦ 0).
+    /// Componentwise inverse. A zero p-part maps to 0 (total and deterministic; callers that
+    /// divide flag it, see [`crate::fingerprint`]); a zero q-part of a nonzero value has no
+    /// inverse mod q, so the result's q-part is unknown.
     pub fn inv(self) -> Fv {
-        self.map_parts(inv_mod)
+        let v = self.map_parts(inv_mod);
+        if self.q == 0 && self.p != 0 {
+            Fv { q: UNKNOWN_Q, ..v }
+        } else {
+            v
+        }
     }
-    /// exp((a, b)) = (g^b mod p, unknown), or `None` when b is unknown (the caller models that
-    /// exp as an uninterpreted exponent).
-    pub fn exp(self) -> Option<Fv> {
-        self.q_known().then(|| Fv::exp_of_exponent(self.q as u64))
+    /// Whether the p-part is 0 (as a divisor: the field cannot model the division).
+    pub fn p_is_zero(self) -> bool {
+        self.p == 0
     }
-    /// (g^e mod p, unknown): an exp's output for the exponent e mod q.
-    pub fn exp_of_exponent(e: u64) -> Fv {
+    /// exp((a, b)) = (g^b mod p, unknown) for the base `g` (an element of order q), or `None`
+    /// when b is unknown (the caller models that exp as an uninterpreted exponent).
+    pub fn exp(self, g: u64) -> Option<Fv> {
+        self.q_known()
+            .then(|| Fv::exp_of_exponent(g, self.q as u64))
+    }
+    /// (g^e mod p, unknown): an exp's output for the exponent e mod q and base `g`.
+    pub fn exp_of_exponent(g: u64, e: u64) -> Fv {
         Fv {
-            p: pow_mod(G, e % Q, P) as u32,
+            p: pow_mod(g, e % Q, P) as u32,
             q: UNKNOWN_Q,
         }
     }
@@ -219,6 +236,11 @@ pub fn mix_words(words: &[u64]) -> u64 {
         .fold(0x5945_5241_4745_u64, |h, &w| mix64(h ^ mix64(w)))
 }
 
+/// exp's base for a trial keyed by `key`: G^k with k in [1, q−1], an element of order q.
+pub fn exp_base(key: u64) -> u64 {
+    pow_mod(G, 1 + mix64(key ^ 0x0065_7870_6261_7365) % (Q - 1), P)
+}
+
 /// A field element drawn from a 64-bit key: p-part and q-part from two derived words
 /// (bias of the reduction < 2^-37).
 pub fn fv_from_key(key: u64) -> Fv {
@@ -266,9 +288,17 @@ mod tests {
         assert_eq!(a + b - b, a);
         assert_eq!(a * b / b, a);
         assert_eq!(-a + a, Fv::ZERO);
-        assert_eq!(Fv::ZERO.inv(), Fv::ZERO);
-        // exp is a homomorphism on the q-part
-        assert_eq!((a + b).exp(), Some(a.exp().unwrap() * b.exp().unwrap()));
+        assert_eq!(Fv::ZERO.inv().p, 0);
+        // a nonzero value with q-part 0 has no inverse mod q
+        assert!(!Fv::new(5, 0).inv().q_known());
+        assert_eq!(Fv::new(5, 0).inv().p as u64 * 5 % P, 1);
+        // exp is a homomorphism on the q-part, for any base of order q
+        for g in [G, exp_base(1), exp_base(2)] {
+            assert_eq!(pow_mod(g, Q, P), 1);
+            assert_ne!(g, 1);
+            assert_eq!((a + b).exp(g), Some(a.exp(g).unwrap() * b.exp(g).unwrap()));
+        }
+        assert_ne!(exp_base(1), exp_base(2));
         // sqrt is multiplicative and a square root of squares up to sign
         assert_eq!((a * b).sqrt(), a.sqrt() * b.sqrt());
         let s = (a * a).sqrt();
@@ -298,7 +328,7 @@ mod tests {
     #[test]
     fn unknown_residues_propagate() {
         let a = Fv::new(12345, 678);
-        let e = a.exp().unwrap();
+        let e = a.exp(G).unwrap();
         assert!(!e.q_known() && a.q_known());
         // an exp's output has no residue mod q: everything computed from it has none either
         for v in [
@@ -314,7 +344,7 @@ mod tests {
         ] {
             assert!(!v.q_known(), "{v:?}");
         }
-        assert_eq!(e.exp(), None);
+        assert_eq!(e.exp(G), None);
         // the p-part still computes exactly
         assert_eq!((e * a).p as u64, e.p as u64 * a.p as u64 % P);
         assert_eq!((e - e).p, 0);

@@ -4,20 +4,32 @@
 //! ([`crate::field`]) on seeded random inputs, over `k` independent trials; the digest is a
 //! blake3 hash of the output dims and all output values. Two graphs computing the same
 //! function get the same digest; different functions collide with probability ≈ 1/p per
-//! trial and output element (in practice far less).
+//! trial and output element (in practice far less), except where the field cannot see the
+//! difference, which [`TrialCheck::verdict`] (and so [`equivalent`] and the search) checks.
 //!
 //! Exact ops (modelled by their algebra): add, sub, mul, neg, square, mul_scalar (dyadic
-//! embedding of the scalar), div (multiplication by the inverse, 0⁻¹ := 0), exp (g^b for a
-//! value (a, b); an exp of a value computed from another exp's output has no known b and
-//! is g^h(a) with h seeded, see [`crate::field`]),
-//! sqrt (multiplicative modular square root), rsqrt (inverse of sqrt), matmul, reductions,
-//! rms_norm, softmax, concat/chunk, accumulators (sums of the same field ops; means
-//! multiply by N⁻¹).
+//! embedding of the scalar), div (multiplication by the inverse), exp (g^b for a value
+//! (a, b), g a seeded element of order q per trial; exp(0) = 1; an exp of a value computed
+//! from another exp's output has no known b and is g^h(a) with h seeded, see
+//! [`crate::field`]), sqrt and rsqrt of values the sign analysis proves ≥ 0
+//! ([`crate::exec::tensor_signs`]: multiplicative modular square root), matmul,
+//! reductions, rms_norm, softmax, concat/chunk, accumulators (sums of the same field ops;
+//! means multiply by N⁻¹).
 //!
 //! Uninterpreted ops (seeded random functions of their input value(s), the same function in
 //! every graph for the same op, parameters and trial): silu, gelu, relu, sigmoid, tanh,
-//! clamp(lo, hi), pow(a, b). They are sound: equal inputs give equal outputs, but no
-//! algebraic identity of them (e.g. silu(x) = x·sigmoid(x)) is recognised.
+//! clamp(lo, hi), pow(a, b), and sqrt of a value not proven ≥ 0 (rsqrt: its inverse). They
+//! are sound: equal inputs give equal outputs, but no algebraic identity of them (e.g.
+//! silu(x) = x·sigmoid(x)) is recognised.
+//!
+//! What the field cannot see, and how the verdict handles it: a division by a value whose
+//! p-part is 0 (e.g. x / (y − y)) is flagged and makes the trial undecided; scalars whose
+//! images collide with each other or with small integers (p·q + 1 and 1) make the
+//! comparison undecided; an undecided comparison is decided by the float64 cross-check
+//! alone, which must agree on every element. Graphs the field finds equal are still
+//! cross-checked in float64 ([`crate::reference::BallDomain`], rigorous error radii), which
+//! vetoes on a certain difference (a NaN or infinity against a finite value, a gap wider
+//! than both radii).
 //!
 //! Multi-device graphs (`world_size` N > 1): every rank is evaluated on its own seeded random
 //! inputs, all_reduce sums over the ranks, and the digest covers every rank's outputs.
@@ -26,33 +38,66 @@
 //! position, element index); per-element sums are exact mod p/q; every thread works on its
 //! own buffers. The digest is therefore bit-identical for any thread count.
 
+use crate::block_graph::BlockOpKind;
 use crate::dense::Dense;
+use crate::dense::Tensor;
 use crate::domain::Domain;
 use crate::error::{eval_err, shape_err, CoreError, Result};
-use crate::exec::run_kernel_graph_ranks_on;
-use crate::field::{fv_from_key, mix64, mix_words, Fv, G, LAZY_TERMS, P, Q, UNKNOWN_Q};
-use crate::kernel_graph::KernelGraph;
-use crate::ops::{BinaryOp, UnaryOp};
+use crate::exec::{run_kernel_graph_ranks_on, tensor_signs, tile_signs, Sign};
+use crate::field::{exp_base, fv_from_key, mix64, mix_words, Fv, G, LAZY_TERMS, P, Q, UNKNOWN_Q};
+use crate::kernel_graph::{KernelGraph, KernelOpKind};
+use crate::ops::{AccumKind, BinaryOp, UnaryOp};
+use crate::reference::{evaluate_balls, evaluate_ranks, Ball};
 use crate::shape::{fmt_dims, numel, Dims};
 use crate::DType;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 /// Name of the fingerprint scheme: digests (and search results verified by them) of two
-/// schemes are not comparable. v2: unknown residues mod q after an exp.
-pub const FINGERPRINT_SCHEME: &str = "yirage.fingerprint.v2";
+/// schemes are not comparable. v2: unknown residues mod q after an exp. v3: a seeded exp
+/// base per trial, square roots of values not known to be ≥ 0 as random functions, zero
+/// divisors flagged, float64 cross-check of field-equal graphs.
+pub const FINGERPRINT_SCHEME: &str = "yirage.fingerprint.v3";
 
-/// The field domain for one trial (the trial key seeds the uninterpreted functions).
-#[derive(Debug, Clone, Copy)]
+/// The field domain for one trial (the trial key seeds the uninterpreted functions and
+/// exp's base). It records whether a division by a value with p-part 0 happened: the field
+/// cannot model that division (0⁻¹ is taken as 0), so such a trial does not decide.
+#[derive(Debug)]
 pub struct FieldDomain {
     trial_key: u64,
+    /// exp's base in this trial, an element of order q.
+    g: u64,
+    zero_divisor: AtomicBool,
 }
 
 impl FieldDomain {
     /// Domain for `trial` of a run with `seed`.
     pub fn new(seed: u64, trial: u64) -> FieldDomain {
+        let trial_key = mix_words(&[0x0074_7269_616c, seed, trial]);
         FieldDomain {
-            trial_key: mix_words(&[0x0074_7269_616c, seed, trial]),
+            trial_key,
+            g: exp_base(trial_key),
+            zero_divisor: AtomicBool::new(false),
         }
+    }
+
+    /// exp's base in this trial.
+    pub fn exp_base(&self) -> u64 {
+        self.g
+    }
+
+    /// Whether a division by a value with p-part 0 happened in this domain.
+    pub fn saw_zero_divisor(&self) -> bool {
+        self.zero_divisor.load(Ordering::Relaxed)
+    }
+
+    /// `1 / b`, flagging a zero divisor.
+    fn checked_inv(&self, b: Fv) -> Fv {
+        if b.p_is_zero() {
+            self.zero_divisor.store(true, Ordering::Relaxed);
+        }
+        b.inv()
     }
 
     /// Key of the seeded uninterpreted function for op `tag` with `params` in this trial.
@@ -86,6 +131,8 @@ fn uf_tag(op: &UnaryOp) -> u64 {
 const POW_TAG: u64 = 7;
 /// Tag of the random exponent of an exp whose argument's residue mod q is unknown.
 const EXP_TAG: u64 = 8;
+/// Tag of the square root of a value whose sign is not known to be ≥ 0.
+const SQRT_TAG: u64 = 9;
 
 impl Domain for FieldDomain {
     type V = Fv;
@@ -102,41 +149,63 @@ impl Domain for FieldDomain {
         a * b
     }
     fn div(&self, a: Fv, b: Fv) -> Fv {
-        a / b
+        a * self.checked_inv(b)
     }
+    /// The multiplicative square root (exact on values known to be ≥ 0, see the module doc).
     fn sqrt(&self, a: Fv) -> Fv {
         a.sqrt()
+    }
+    /// A seeded random function: the field's square root forgets the sign (sqrt(-x) would
+    /// be sqrt(x)), so of a value not known to be ≥ 0 only "equal in, equal out" is kept.
+    fn sqrt_signed(&self, a: Fv) -> Fv {
+        if a == Fv::ZERO {
+            return a; // sqrt(0) = 0 exactly
+        }
+        uf_apply(self.uf_key(SQRT_TAG, &[]), &[a])
     }
     fn divides_by_reciprocal(&self) -> bool {
         true // a / b is defined as a · b⁻¹
     }
     fn recip(&self, b: Fv) -> Fv {
-        b.inv()
+        self.checked_inv(b)
     }
     fn div_count(&self, x: Fv, n: usize) -> Fv {
-        x * Fv::from_int(n as i128).inv()
+        x * self.checked_inv(Fv::from_int(n as i128))
     }
     fn unary_fn<'a>(&'a self, op: UnaryOp) -> Box<dyn Fn(Fv) -> Fv + Send + Sync + 'a> {
         match op {
             UnaryOp::Exp => {
                 // exact for an exponent known mod q; otherwise g^h(p-part), h seeded
                 let key = self.uf_key(EXP_TAG, &[]);
+                let g = self.g;
                 Box::new(move |x: Fv| {
-                    x.exp()
-                        .unwrap_or_else(|| Fv::exp_of_exponent(mix64(key ^ x.p as u64)))
+                    if x == Fv::ZERO {
+                        return Fv::new(1, 1); // exp(0) = 1, an integer: its residue is known
+                    }
+                    x.exp(g)
+                        .unwrap_or_else(|| Fv::exp_of_exponent(g, mix64(key ^ x.p as u64)))
                 })
             }
             UnaryOp::Square => Box::new(|x: Fv| x * x),
             UnaryOp::Sqrt => Box::new(Fv::sqrt),
-            UnaryOp::Rsqrt => Box::new(|x: Fv| x.sqrt().inv()),
+            UnaryOp::Rsqrt => Box::new(|x: Fv| self.checked_inv(x.sqrt())),
             UnaryOp::Neg => Box::new(|x: Fv| -x),
             UnaryOp::MulScalar(s) => {
                 let c = Fv::from_f64(s);
                 Box::new(move |x: Fv| x * c)
             }
             other => {
+                // f(0) is exact (a zero is, but for chance 1/p, a value that is 0 for every
+                // input, e.g. y − y): relu/silu/gelu/tanh(0) = 0, sigmoid(0) = 1/2, clamp
+                let at_zero = Fv::from_f64(crate::reference::F64.unary_fn(other)(0.0));
                 let key = self.uf_key(uf_tag(&other), &other.params());
-                Box::new(move |x: Fv| uf_apply(key, &[x]))
+                Box::new(move |x: Fv| {
+                    if x == Fv::ZERO {
+                        at_zero
+                    } else {
+                        uf_apply(key, &[x])
+                    }
+                })
             }
         }
     }
@@ -145,7 +214,7 @@ impl Domain for FieldDomain {
             BinaryOp::Add => a + b,
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,
-            BinaryOp::Div => a / b,
+            BinaryOp::Div => self.div(a, b),
             BinaryOp::Pow => uf_apply(self.uf_key(POW_TAG, &[]), &[a, b]),
         }
     }
@@ -241,6 +310,14 @@ pub fn fingerprint_values(
     trials: usize,
     seed: u64,
 ) -> Result<Vec<Vec<Dense<Fv>>>> {
+    Ok(fingerprint_runs(g, trials, seed)?
+        .into_iter()
+        .map(|r| r.outputs)
+        .collect())
+}
+
+/// Every trial's [`FieldRun`].
+fn fingerprint_runs(g: &KernelGraph, trials: usize, seed: u64) -> Result<Vec<FieldRun>> {
     g.check_complete()?;
     crate::exec::check_size(g)?;
     if trials == 0 {
@@ -248,13 +325,8 @@ pub fn fingerprint_values(
     }
     (0..trials as u64)
         .into_par_iter()
-        .map(|t| trial_values(g, seed, t))
+        .map(|t| trial_run(g, seed, t, &trial_inputs(g, seed, t)))
         .collect()
-}
-
-/// Field outputs of trial `t` (entry `t` of [`fingerprint_values`]).
-fn trial_values(g: &KernelGraph, seed: u64, t: u64) -> Result<Vec<Dense<Fv>>> {
-    trial_values_on(g, seed, t, &trial_inputs(g, seed, t))
 }
 
 /// Every rank's random field inputs of trial `t`.
@@ -264,30 +336,304 @@ fn trial_inputs(g: &KernelGraph, seed: u64, t: u64) -> Vec<Vec<Dense<Fv>>> {
         .collect()
 }
 
-fn trial_values_on(
-    g: &KernelGraph,
-    seed: u64,
-    t: u64,
-    inputs: &[Vec<Dense<Fv>>],
-) -> Result<Vec<Dense<Fv>>> {
-    let outs = run_kernel_graph_ranks_on(&FieldDomain::new(seed, t), g, inputs)?;
-    Ok(outs.into_iter().flatten().collect())
+/// One trial's field outputs, and whether the field could not model a division in it.
+struct FieldRun {
+    outputs: Vec<Dense<Fv>>,
+    zero_divisor: bool,
+}
+
+fn trial_run(g: &KernelGraph, seed: u64, t: u64, inputs: &[Vec<Dense<Fv>>]) -> Result<FieldRun> {
+    let d = FieldDomain::new(seed, t);
+    let outs = run_kernel_graph_ranks_on(&d, g, inputs)?;
+    Ok(FieldRun {
+        outputs: outs.into_iter().flatten().collect(),
+        zero_divisor: d.saw_zero_divisor(),
+    })
+}
+
+/// Integers whose images a scalar's image must not share (the images of values a graph
+/// makes without scalars: sums of a value with itself, negations, counts).
+const IMPLICIT_INTEGERS: std::ops::RangeInclusive<i64> = -64..=64;
+
+/// The scalars a graph embeds into the field: `mul_scalar` factors and rms eps values
+/// (clamp bounds only key uninterpreted functions).
+fn graph_scalars(g: &KernelGraph) -> Vec<f64> {
+    let mut out = vec![];
+    let unary = |op: &UnaryOp, out: &mut Vec<f64>| {
+        if let UnaryOp::MulScalar(c) = op {
+            out.push(*c);
+        }
+    };
+    for op in g.ops() {
+        match &op.kind {
+            KernelOpKind::Unary { op, .. } => unary(op, &mut out),
+            KernelOpKind::RmsNorm { eps, .. } => out.push(*eps),
+            KernelOpKind::Customized { graph, .. } => {
+                for bop in graph.ops() {
+                    match bop {
+                        BlockOpKind::Unary { op, .. } => unary(op, &mut out),
+                        BlockOpKind::RmsNorm { eps, .. } => out.push(*eps),
+                        BlockOpKind::ForloopAccum {
+                            kind: AccumKind::Rms { eps },
+                            ..
+                        } => out.push(*eps),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether two different values among `scalars` and [`IMPLICIT_INTEGERS`] have the same
+/// p-part or the same q-part (e.g. p·q + 1 and 1, or q + 1 and 1 under an exp): the field
+/// cannot tell such graphs apart, so their comparison is left to the float64 cross-check.
+fn scalars_collide(scalars: &[f64]) -> bool {
+    static IMPLICIT: OnceLock<Vec<(f64, Fv)>> = OnceLock::new();
+    let implicit = IMPLICIT.get_or_init(|| {
+        IMPLICIT_INTEGERS
+            .map(|k| (k as f64, Fv::from_f64(k as f64)))
+            .collect()
+    });
+    let mut vals: Vec<f64> = scalars.iter().map(|&c| c + 0.0).collect(); // -0.0 is 0.0
+    vals.sort_by(f64::total_cmp);
+    vals.dedup();
+    let mut seen: Vec<(f64, Fv)> = implicit.clone();
+    for c in vals {
+        if seen.iter().any(|&(d, _)| d == c) {
+            continue;
+        }
+        let f = Fv::from_f64(c);
+        if seen.iter().any(|&(_, g)| g.p == f.p || g.q == f.q) {
+            return true;
+        }
+        seen.push((c, f));
+    }
+    false
+}
+
+/// Whether the field alone decides for `g`: it has no square root (sqrt, rsqrt, rms_norm,
+/// rms accumulators: the field's root of a square c² of a constant is ±c by c's quadratic
+/// character, not |c|), no pow (NaN for negative bases), and divides only by values the sign
+/// analysis proves > 0 (so nothing is NaN or infinite but by overflow). In a search,
+/// field-equal graphs that both pass skip the float64 veto, which then costs nothing for
+/// attention, MLP and LoRA forms.
+pub fn field_decides_alone(g: &KernelGraph) -> bool {
+    let signs = tensor_signs(g);
+    let pos = |s: Sign| s == Sign::Pos;
+    g.ops().iter().all(|op| match &op.kind {
+        KernelOpKind::Unary { op, .. } => !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt),
+        KernelOpKind::Binary { op, b, .. } => match op {
+            BinaryOp::Pow => false,
+            BinaryOp::Div => pos(signs[*b]),
+            _ => true,
+        },
+        KernelOpKind::RmsNorm { .. } => false,
+        KernelOpKind::Customized { inputs, graph } => {
+            let in_signs: Vec<Sign> = inputs.iter().map(|&x| signs[x]).collect();
+            let tiles = tile_signs(graph, &in_signs);
+            graph.ops().iter().all(|bop| match bop {
+                BlockOpKind::Unary { op, .. } => !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt),
+                BlockOpKind::Binary { op, b, .. } => match op {
+                    BinaryOp::Pow => false,
+                    BinaryOp::Div => pos(tiles[*b]),
+                    _ => true,
+                },
+                BlockOpKind::RmsNorm { .. } => false,
+                BlockOpKind::ForloopAccum { kind, .. } => !matches!(kind, AccumKind::Rms { .. }),
+                _ => true,
+            })
+        }
+        _ => true,
+    })
+}
+
+/// Outcome of comparing two graphs' outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrossCheck {
+    /// Some output element certainly differs.
+    Differ,
+    /// Every element agrees to within 1e-9 of its output's scale.
+    Agree,
+    /// No element certainly differs, but some cannot be compared closely.
+    Unknown,
+}
+
+/// Relative width (to the output's largest magnitude) under which overlapping balls count
+/// as agreeing.
+const AGREE_TOL: f64 = 1e-9;
+
+/// Seeded float64 inputs of `draw` for every rank: ±[0.5, 2) with random signs (both signs
+/// reach square roots; no input is near 0).
+pub fn float_inputs(g: &KernelGraph, seed: u64, draw: u64) -> Vec<Vec<Tensor>> {
+    (0..g.world_size())
+        .map(|r| {
+            g.input_signature()
+                .iter()
+                .enumerate()
+                .map(|(i, (dims, _))| {
+                    let key = mix_words(&[0x0066_3634, seed, draw, r as u64, i as u64]);
+                    let data = (0..numel(dims))
+                        .map(|j| {
+                            let h = mix64(key ^ mix64(j as u64));
+                            let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+                            let m = 0.5 + 1.5 * u;
+                            if h & 1 == 1 {
+                                -m
+                            } else {
+                                m
+                            }
+                        })
+                        .collect();
+                    Dense {
+                        dims: dims.clone(),
+                        data,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A graph's float64 outputs (all ranks, flattened) on the cross-check's inputs (draw 0):
+/// plain f64 first; the balls only when a comparison needs them.
+struct FloatRun {
+    inputs: Vec<Vec<Tensor>>,
+    plain: Option<Vec<Tensor>>,
+    balls: OnceLock<Option<Vec<Dense<Ball>>>>,
+}
+
+impl FloatRun {
+    fn new(g: &KernelGraph, seed: u64) -> FloatRun {
+        let inputs = float_inputs(g, seed, 0);
+        let plain = evaluate_ranks(g, &inputs)
+            .ok()
+            .map(|o| o.into_iter().flatten().collect());
+        FloatRun {
+            inputs,
+            plain,
+            balls: OnceLock::new(),
+        }
+    }
+
+    fn balls(&self, g: &KernelGraph) -> Option<&Vec<Dense<Ball>>> {
+        self.balls
+            .get_or_init(|| {
+                evaluate_balls(g, &self.inputs)
+                    .ok()
+                    .map(|o| o.into_iter().flatten().collect())
+            })
+            .as_ref()
+    }
+}
+
+/// Whether plain float64 outputs agree closely everywhere (NaN with NaN, the same infinity,
+/// finite values within [`AGREE_TOL`] of the output's scale): then the balls cannot show a
+/// certain difference worth the veto, and are not computed.
+fn plain_close(a: &[Tensor], b: &[Tensor]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            let scale = x
+                .data
+                .iter()
+                .chain(&y.data)
+                .filter(|v| v.is_finite())
+                .fold(0.0f64, |m, v| m.max(v.abs()));
+            x.dims == y.dims
+                && x.data.iter().zip(&y.data).all(|(&u, &v)| {
+                    (u.is_nan() && v.is_nan()) || u == v || (u - v).abs() <= AGREE_TOL * scale
+                })
+        })
+}
+
+/// Compare two elements of an output whose largest finite magnitude is `scale`.
+fn compare_elem(a: Ball, b: Ball, scale: f64) -> CrossCheck {
+    if a.is_unknown() || b.is_unknown() {
+        return CrossCheck::Unknown;
+    }
+    match (a.v.is_finite(), b.v.is_finite()) {
+        (false, false) => {
+            let same = (a.v.is_nan() && b.v.is_nan()) || a.v == b.v;
+            if same {
+                CrossCheck::Agree
+            } else {
+                CrossCheck::Differ
+            }
+        }
+        (true, true) => {
+            // the radii bound the distance to the exact results; 2x covers their own rounding
+            if (a.v - b.v).abs() > 2.0 * (a.r + b.r) {
+                CrossCheck::Differ
+            } else if a.r + b.r <= AGREE_TOL * scale.max(a.v.abs()).max(b.v.abs()) {
+                CrossCheck::Agree
+            } else {
+                CrossCheck::Unknown
+            }
+        }
+        _ => CrossCheck::Differ, // an exact NaN/infinity against a finite value
+    }
+}
+
+/// Compare two graphs' float64 outputs (same dims, checked by the callers).
+pub fn cross_compare(a: &[Dense<Ball>], b: &[Dense<Ball>]) -> CrossCheck {
+    if a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.dims != y.dims) {
+        return CrossCheck::Differ;
+    }
+    let mut all_agree = true;
+    for (x, y) in a.iter().zip(b) {
+        let scale = x
+            .data
+            .iter()
+            .chain(&y.data)
+            .filter(|e| e.v.is_finite())
+            .fold(0.0f64, |m, e| m.max(e.v.abs()));
+        for (&ea, &eb) in x.data.iter().zip(&y.data) {
+            match compare_elem(ea, eb, scale) {
+                CrossCheck::Differ => return CrossCheck::Differ,
+                CrossCheck::Unknown => all_agree = false,
+                CrossCheck::Agree => {}
+            }
+        }
+    }
+    if all_agree {
+        CrossCheck::Agree
+    } else {
+        CrossCheck::Unknown
+    }
 }
 
 /// A target's fingerprint values, against which candidates are checked trial by trial: a
 /// candidate that differs in the first trial (most wrong ones) costs one trial, not `trials`.
-/// Agrees with comparing [`fingerprint`] digests. The random inputs of every trial are kept
-/// (candidates share the target's inputs; drawing them was a fifth of a search's time).
+/// The random inputs of every trial are kept (candidates share the target's inputs; drawing
+/// them was a fifth of a search's time).
+///
+/// The verdict ([`TrialCheck::verdict`]): a trial in which neither graph divided by a value
+/// with p-part 0, of graphs whose scalars do not collide ([`scalars_collide`]), *decides*.
+/// A decisive difference means "not equivalent". When every trial agrees and decides, the
+/// float64 cross-check can still veto (unless both graphs pass [`field_decides_alone`]) (it sees what the field cannot: NaNs of square roots
+/// of negative values, infinities, magnitudes); when some trial does not decide, the float64
+/// cross-check alone decides and must agree on every element.
 pub struct TrialCheck {
     seed: u64,
     signature: (Vec<(Dims, DType)>, usize),
     trials: Vec<Trial>,
+    scalars: Vec<f64>,
+    /// [`field_decides_alone`] of the target.
+    alone: bool,
+    /// Whether pairs that both pass [`field_decides_alone`] skip the float64 veto (the
+    /// search's setting; [`equivalent`] always runs it).
+    skip_veto: bool,
+    /// The target's float64 outputs (computed when first needed).
+    floats: OnceLock<FloatRun>,
+    target: KernelGraph,
 }
 
 /// One trial of the target: every rank's inputs and the outputs.
 struct Trial {
     inputs: Vec<Vec<Dense<Fv>>>,
-    outputs: Vec<Dense<Fv>>,
+    run: FieldRun,
 }
 
 impl TrialCheck {
@@ -302,32 +648,90 @@ impl TrialCheck {
             .into_par_iter()
             .map(|t| {
                 let inputs = trial_inputs(target, seed, t);
-                let outputs = trial_values_on(target, seed, t, &inputs)?;
-                Ok(Trial { inputs, outputs })
+                let run = trial_run(target, seed, t, &inputs)?;
+                Ok(Trial { inputs, run })
             })
             .collect::<Result<_>>()?;
         Ok(Self {
             seed,
             signature: (target.input_signature(), target.world_size()),
             trials,
+            scalars: graph_scalars(target),
+            alone: field_decides_alone(target),
+            skip_veto: true,
+            floats: OnceLock::new(),
+            target: target.clone(),
         })
     }
 
-    /// Whether `g` has the target's values in every trial (false when `g` cannot be
-    /// evaluated).
+    /// Run the float64 veto on every field-equal pair, even where [`field_decides_alone`]
+    /// holds for both graphs (it then only guards against scalar products congruent modulo
+    /// p and q, which a search's candidates, built from the target's own scalars, cannot
+    /// have).
+    pub fn always_cross_check(mut self) -> Self {
+        self.skip_veto = false;
+        self
+    }
+
+    /// Whether `g` is equivalent to the target (false when `g` cannot be evaluated).
     pub fn matches(&self, g: &KernelGraph) -> bool {
-        if g.check_complete().is_err() || crate::exec::check_size(g).is_err() {
-            return false;
-        }
+        self.verdict(g).unwrap_or(false)
+    }
+
+    /// Whether `g` is equivalent to the target (see the type's doc); errors when `g` cannot
+    /// be evaluated.
+    pub fn verdict(&self, g: &KernelGraph) -> Result<bool> {
+        g.check_complete()?;
+        crate::exec::check_size(g)?;
         let same_inputs = (g.input_signature(), g.world_size()) == self.signature;
-        self.trials.iter().enumerate().all(|(t, trial)| {
+        let mut scalars = graph_scalars(g);
+        scalars.extend(&self.scalars);
+        let collide = scalars_collide(&scalars);
+        let mut decisive = !collide;
+        for (t, trial) in self.trials.iter().enumerate() {
+            let t = t as u64;
             let got = if same_inputs {
-                trial_values_on(g, self.seed, t as u64, &trial.inputs)
+                trial_run(g, self.seed, t, &trial.inputs)?
             } else {
-                trial_values(g, self.seed, t as u64)
+                trial_run(g, self.seed, t, &trial_inputs(g, self.seed, t))?
             };
-            got.is_ok_and(|v| v == trial.outputs)
+            let trusted = !collide && !got.zero_divisor && !trial.run.zero_divisor;
+            if got.outputs != trial.run.outputs && trusted {
+                return Ok(false);
+            }
+            decisive &= trusted;
+        }
+        if decisive && self.skip_veto && self.alone && field_decides_alone(g) {
+            return Ok(true);
+        }
+        let cross = self.cross_check(g, !decisive);
+        Ok(if decisive {
+            cross != CrossCheck::Differ
+        } else {
+            // a graph is equivalent to itself, whatever its values
+            cross == CrossCheck::Agree || crate::json::hash(g) == crate::json::hash(&self.target)
         })
+    }
+
+    /// The float64 cross-check of `g` against the target. With `strict` false (a veto of a
+    /// field-equal pair) plain float64 outputs that agree closely end it (as `Unknown`: no
+    /// certain difference); otherwise the balls decide.
+    pub fn cross_check(&self, g: &KernelGraph, strict: bool) -> CrossCheck {
+        let target = self
+            .floats
+            .get_or_init(|| FloatRun::new(&self.target, self.seed));
+        let got = FloatRun::new(g, self.seed);
+        if !strict {
+            if let (Some(a), Some(b)) = (&target.plain, &got.plain) {
+                if plain_close(a, b) {
+                    return CrossCheck::Unknown;
+                }
+            }
+        }
+        match (target.balls(&self.target), got.balls(g)) {
+            (Some(a), Some(b)) => cross_compare(a, b),
+            _ => CrossCheck::Unknown,
+        }
     }
 }
 
@@ -356,7 +760,7 @@ pub fn fingerprint(
     seed: u64,
     threads: Option<usize>,
 ) -> Result<String> {
-    let vals = with_threads(threads, || fingerprint_values(g, trials, seed))?;
+    let runs = with_threads(threads, || fingerprint_runs(g, trials, seed))?;
     let mut h = blake3::Hasher::new();
     h.update(FINGERPRINT_SCHEME.as_bytes());
     for w in [P, Q, G, trials as u64, seed, g.outputs().len() as u64] {
@@ -374,8 +778,12 @@ pub fn fingerprint(
             h.update(&(d as u64).to_le_bytes());
         }
     }
-    for trial in &vals {
-        for out in trial {
+    for run in &runs {
+        if run.zero_divisor {
+            // the field could not model a division: such digests match only each other
+            h.update(b"zero_divisor");
+        }
+        for out in &run.outputs {
             let mut buf = Vec::with_capacity(out.data.len() * 8);
             for v in &out.data {
                 buf.extend_from_slice(&v.p.to_le_bytes());
@@ -398,7 +806,9 @@ fn fmt_signature(s: &[(Dims, DType)]) -> String {
 /// Fingerprint equivalence of two graphs with the same input signature.
 ///
 /// Errors (ShapeError) when the input signatures (dims and dtypes, in order) differ;
-/// `false` when output counts or dims differ; otherwise compares the digests.
+/// `false` when output counts or dims differ; otherwise [`TrialCheck::verdict`]: the field
+/// values of `trials` trials, checked by the float64 cross-check (the search verifies its
+/// candidates the same way).
 pub fn equivalent(a: &KernelGraph, b: &KernelGraph, trials: usize, seed: u64) -> Result<bool> {
     let (sa, sb) = (a.input_signature(), b.input_signature());
     if sa != sb {
@@ -426,5 +836,7 @@ pub fn equivalent(a: &KernelGraph, b: &KernelGraph, trials: usize, seed: u64) ->
     if dims(a) != dims(b) {
         return Ok(false);
     }
-    Ok(fingerprint(a, trials, seed, None)? == fingerprint(b, trials, seed, None)?)
+    TrialCheck::new(a, trials, seed)?
+        .always_cross_check()
+        .verdict(b)
 }

@@ -265,17 +265,37 @@ fn algebraic_identities() {
     });
     let id = two_inputs(|g, a, _, _| g.unary(UnaryOp::MulScalar(1.0), a).unwrap());
     assert!(equivalent(&half, &id, 2, 0).unwrap());
-    // sqrt is multiplicative; rsqrt is its inverse
+    // sqrt is multiplicative on values ≥ 0: sqrt(a²·b²) == sqrt(a²)·sqrt(b²) ...
     let s1 = two_inputs(|g, a, b, _| {
-        let m = g.binary(Mul, a, b).unwrap();
+        let (a2, b2) = (
+            g.binary(Mul, a, a).unwrap(),
+            g.unary(UnaryOp::Square, b).unwrap(),
+        );
+        let m = g.binary(Mul, a2, b2).unwrap();
         g.unary(UnaryOp::Sqrt, m).unwrap()
     });
     let s2 = two_inputs(|g, a, b, _| {
+        let (a2, b2) = (
+            g.binary(Mul, a, a).unwrap(),
+            g.unary(UnaryOp::Square, b).unwrap(),
+        );
+        let x = g.unary(UnaryOp::Sqrt, a2).unwrap();
+        let y = g.unary(UnaryOp::Sqrt, b2).unwrap();
+        g.binary(Mul, x, y).unwrap()
+    });
+    assert!(equivalent(&s1, &s2, 2, 0).unwrap());
+    // ... but not on values of either sign: sqrt(a·b) is real where a, b < 0, sqrt(a)·sqrt(b)
+    // is NaN there
+    let s3 = two_inputs(|g, a, b, _| {
+        let m = g.binary(Mul, a, b).unwrap();
+        g.unary(UnaryOp::Sqrt, m).unwrap()
+    });
+    let s4 = two_inputs(|g, a, b, _| {
         let x = g.unary(UnaryOp::Sqrt, a).unwrap();
         let y = g.unary(UnaryOp::Sqrt, b).unwrap();
         g.binary(Mul, x, y).unwrap()
     });
-    assert!(equivalent(&s1, &s2, 2, 0).unwrap());
+    assert!(!equivalent(&s3, &s4, 2, 0).unwrap());
     let r1 = two_inputs(|g, a, b, _| {
         let x = g.unary(UnaryOp::Rsqrt, a).unwrap();
         g.binary(Mul, b, x).unwrap()
@@ -882,4 +902,211 @@ fn trial_check_agrees_with_digests() {
         assert_eq!(check.matches(g), want);
         assert_eq!(fingerprint(g, 2, 5, None).unwrap() == digest, want);
     }
+}
+
+/// Pairs that compute different functions but that the fingerprints of scheme v2 reported
+/// equivalent every time (square roots forgot signs, 0⁻¹ was 0, scalars congruent modulo
+/// the primes, exp(1) was the image of 4.0); each must now be told apart.
+#[test]
+fn former_false_accepts_are_rejected() {
+    use crate::field::{P, Q};
+    use BinaryOp::*;
+    let un = |op: UnaryOp| move |g: &mut KernelGraph, a: TensorId, _, _| g.unary(op, a).unwrap();
+    let neg_then = |op: UnaryOp| {
+        move |g: &mut KernelGraph, a: TensorId, _, _| {
+            let n = g.unary(UnaryOp::Neg, a).unwrap();
+            g.unary(op, n).unwrap()
+        }
+    };
+    let diff = |op: UnaryOp, flip: bool| {
+        move |g: &mut KernelGraph, a: TensorId, b: TensorId, _| {
+            let d = if flip {
+                g.binary(Sub, b, a).unwrap()
+            } else {
+                g.binary(Sub, a, b).unwrap()
+            };
+            g.unary(op, d).unwrap()
+        }
+    };
+    let zero = |g: &mut KernelGraph, b: TensorId| g.binary(Sub, b, b).unwrap();
+    let pq1 = (P * Q + 1) as f64;
+    let q1 = (Q + 1) as f64;
+    let pairs: Vec<(&str, KernelGraph, KernelGraph)> = vec![
+        (
+            "sqrt(neg(x)) vs sqrt(x)",
+            two_inputs(neg_then(UnaryOp::Sqrt)),
+            two_inputs(un(UnaryOp::Sqrt)),
+        ),
+        (
+            "sqrt(a-b) vs sqrt(b-a)",
+            two_inputs(diff(UnaryOp::Sqrt, false)),
+            two_inputs(diff(UnaryOp::Sqrt, true)),
+        ),
+        (
+            "rsqrt(neg(x)) vs rsqrt(x)",
+            two_inputs(neg_then(UnaryOp::Rsqrt)),
+            two_inputs(un(UnaryOp::Rsqrt)),
+        ),
+        (
+            "x/(y-y) vs y-y",
+            two_inputs(move |g, a, b, _| {
+                let z = zero(g, b);
+                g.binary(Div, a, z).unwrap()
+            }),
+            two_inputs(move |g, _, b, _| zero(g, b)),
+        ),
+        (
+            "rsqrt(y-y) vs y-y",
+            two_inputs(move |g, _, b, _| {
+                let z = zero(g, b);
+                g.unary(UnaryOp::Rsqrt, z).unwrap()
+            }),
+            two_inputs(move |g, _, b, _| zero(g, b)),
+        ),
+        (
+            "mul_scalar(x, pq+1) vs x",
+            two_inputs(un(UnaryOp::MulScalar(pq1))),
+            two_inputs(|_, a, _, _| a),
+        ),
+        (
+            "exp(mul_scalar(x, q+1)) vs exp(x)",
+            two_inputs(|g, a, _, _| {
+                let m = g.unary(UnaryOp::MulScalar(q1), a).unwrap();
+                g.unary(UnaryOp::Exp, m).unwrap()
+            }),
+            two_inputs(un(UnaryOp::Exp)),
+        ),
+        (
+            "y·exp(x/x) vs 4·y·exp(x/x)/exp(x/x)",
+            two_inputs(|g, a, b, _| {
+                let one = g.binary(Div, a, a).unwrap();
+                let e = g.unary(UnaryOp::Exp, one).unwrap();
+                g.binary(Mul, b, e).unwrap()
+            }),
+            two_inputs(|g, a, b, _| {
+                let one = g.binary(Div, a, a).unwrap();
+                let e = g.unary(UnaryOp::Exp, one).unwrap();
+                let y4 = g.unary(UnaryOp::MulScalar(4.0), b).unwrap();
+                let t = g.binary(Mul, y4, e).unwrap();
+                g.binary(Div, t, e).unwrap()
+            }),
+        ),
+    ];
+    for (what, x, y) in &pairs {
+        for seed in [0, 1, 7] {
+            assert!(!equivalent(x, y, 2, seed).unwrap(), "{what} (seed {seed})");
+            assert!(
+                !equivalent(y, x, 2, seed).unwrap(),
+                "{what} (seed {seed}, swapped)"
+            );
+        }
+        // each graph is still equivalent to itself
+        assert!(equivalent(x, x, 2, 3).unwrap(), "{what}: itself");
+    }
+}
+
+/// The fixes keep true identities: exp(a+b) = exp(a)·exp(b), exp(0) = 1, division by a value
+/// that is 0 in the same way on both sides, equal scalars, rsqrt = 1/sqrt of any sign.
+#[test]
+fn true_identities_survive_the_soundness_checks() {
+    use BinaryOp::*;
+    let exp_sum = two_inputs(|g, a, b, _| {
+        let s = g.binary(Add, a, b).unwrap();
+        g.unary(UnaryOp::Exp, s).unwrap()
+    });
+    let exp_prod = two_inputs(|g, a, b, _| {
+        let (x, y) = (
+            g.unary(UnaryOp::Exp, a).unwrap(),
+            g.unary(UnaryOp::Exp, b).unwrap(),
+        );
+        g.binary(Mul, x, y).unwrap()
+    });
+    assert!(equivalent(&exp_sum, &exp_prod, 2, 0).unwrap());
+    // exp(y − y)·x == x
+    let e0 = two_inputs(|g, a, b, _| {
+        let z = g.binary(Sub, b, b).unwrap();
+        let e = g.unary(UnaryOp::Exp, z).unwrap();
+        g.binary(Mul, e, a).unwrap()
+    });
+    assert!(equivalent(&e0, &two_inputs(|_, a, _, _| a), 2, 0).unwrap());
+    // x/(y−y) twice the same way: the field cannot model it, the float64 check agrees
+    let inf = |g: &mut KernelGraph, a: TensorId, b: TensorId| {
+        let z = g.binary(Sub, b, b).unwrap();
+        g.binary(Div, a, z).unwrap()
+    };
+    let i1 = two_inputs(move |g, a, b, _| inf(g, a, b));
+    let i2 = two_inputs(move |g, a, b, c| {
+        let d = inf(g, a, b);
+        let z = g.binary(Sub, c, c).unwrap();
+        g.binary(Add, d, z).unwrap()
+    });
+    assert!(equivalent(&i1, &i2, 2, 0).unwrap());
+    // colliding scalars whose graphs are equal anyway
+    let big = (crate::field::P * crate::field::Q + 1) as f64;
+    let m1 = two_inputs(move |g, a, _, _| g.unary(UnaryOp::MulScalar(big), a).unwrap());
+    let m2 = two_inputs(move |g, a, _, _| {
+        let s = g.binary(Add, a, a).unwrap();
+        let h = g.unary(UnaryOp::MulScalar(0.5), s).unwrap();
+        g.unary(UnaryOp::MulScalar(big), h).unwrap()
+    });
+    assert!(equivalent(&m1, &m2, 2, 0).unwrap());
+    // rsqrt(a) == 1/sqrt(a) for a of either sign (NaN where a < 0 on both sides)
+    let r1 = two_inputs(|g, a, _, _| g.unary(UnaryOp::Rsqrt, a).unwrap());
+    let r2 = two_inputs(|g, a, b, _| {
+        let s = g.unary(UnaryOp::Sqrt, a).unwrap();
+        let one = g.binary(Div, b, b).unwrap();
+        g.binary(Div, one, s).unwrap()
+    });
+    assert!(equivalent(&r1, &r2, 2, 0).unwrap());
+    // rms_norm is scale invariant (eps = 0): its square root sees a value ≥ 0
+    let rn = |scale: f64| {
+        move |g: &mut KernelGraph, a: TensorId, _, _| {
+            let s = g.unary(UnaryOp::MulScalar(scale), a).unwrap();
+            g.rms_norm(s, &[8], None, 0.0).unwrap()
+        }
+    };
+    assert!(equivalent(&two_inputs(rn(1.0)), &two_inputs(rn(4.0)), 2, 0).unwrap());
+}
+
+/// The float64 balls enclose the exact result: a long sum in two orders overlaps, a square
+/// root of a negative value is an exact NaN, a division by an exact zero an exact infinity.
+#[test]
+fn float_balls_enclose_and_classify() {
+    use crate::fingerprint::{cross_compare, CrossCheck};
+    use crate::reference::evaluate_balls;
+    use BinaryOp::*;
+    let sum_fwd = two_inputs(|g, a, b, c| {
+        let s = g.binary(Add, a, b).unwrap();
+        g.binary(Add, s, c).unwrap()
+    });
+    let sum_bwd = two_inputs(|g, a, b, c| {
+        let s = g.binary(Add, c, b).unwrap();
+        g.binary(Add, s, a).unwrap()
+    });
+    let ins = vec![vec![data(&[4, 8], 1), data(&[4, 8], 2), data(&[4, 8], 3)]];
+    let run = |g: &KernelGraph| evaluate_balls(g, &ins).unwrap().remove(0);
+    assert_eq!(
+        cross_compare(&run(&sum_fwd), &run(&sum_bwd)),
+        CrossCheck::Agree
+    );
+    let sq = run(&two_inputs(|g, a, _, _| {
+        let n = g.unary(UnaryOp::Square, a).unwrap();
+        let m = g.unary(UnaryOp::Neg, n).unwrap();
+        g.unary(UnaryOp::Sqrt, m).unwrap()
+    }));
+    assert!(sq[0].data.iter().all(|b| b.v.is_nan() && b.r == 0.0));
+    let inf = run(&two_inputs(|g, a, b, _| {
+        let z = g.binary(Sub, b, b).unwrap();
+        g.binary(Div, a, z).unwrap()
+    }));
+    assert!(inf[0].data.iter().all(|b| b.v.is_infinite() && b.r == 0.0));
+    assert_eq!(cross_compare(&inf, &sq), CrossCheck::Differ);
+    // cancellation: (a + 1e17) − 1e17 vs a is not a certain difference
+    let cancel = run(&two_inputs(|g, a, _, _| {
+        let s = g.unary(UnaryOp::MulScalar(1e17), a).unwrap();
+        let t = g.binary(Add, a, s).unwrap();
+        g.binary(Sub, t, s).unwrap()
+    }));
+    let plain = run(&two_inputs(|_, a, _, _| a));
+    assert_eq!(cross_compare(&cancel, &plain), CrossCheck::Unknown);
 }
