@@ -1,7 +1,11 @@
 """A float64 numpy executor of KernelPlans, written from docs/kernel-plan.md alone.
 
 It runs every generated kernel block by block and iteration by iteration with exact math
-(no safe-softmax shift: the shift cancels mathematically), and library kernels with numpy.
+(no safe-softmax shift inside a kernel: it cancels mathematically), and library kernels with
+numpy. Where the plan carries a shift across kernels, it follows the plan: ``scale_outputs``
+are stored times exp(-m), m the row max of the group's exp argument over the block's loop
+(the max the printers keep), m is stored at ``shift_store``, and an input with a
+``shift_load`` is multiplied back by exp(m) when loaded (float64 holds that up to m ≈ 709).
 The CPU and CUDA tests share it to check that plans (hand-built or searched) compute their
 workload, independently of any printer. ``rel_err`` is the relative Frobenius error they report.
 """
@@ -74,22 +78,43 @@ def _slices(start: list[int], tile: list[int]) -> tuple[slice, ...]:
     return tuple(slice(s, s + t) for s, t in zip(start, tile, strict=True))
 
 
+def _load(inp: dict[str, Any], bufs: dict[int, np.ndarray], env: dict[str, int]) -> np.ndarray:
+    """An input tile, multiplied back by exp(m) where it was stored shifted."""
+    x = bufs[inp["buffer"]][_slices(_start(inp["offsets"], env), inp["tile"])].copy()
+    load = inp.get("shift_load")
+    if load is not None:
+        m = bufs[load["buffer"]][_slices(_start(load["offsets"], env), load["tile"])]
+        with np.errstate(all="ignore"):
+            x = x * np.exp(np.repeat(m, load["width"], axis=-1))
+    return x
+
+
 def run_generated(k: dict[str, Any], bufs: dict[int, np.ndarray]) -> None:
     gx, gy, gz = [*list(k["grid"]), 1, 1, 1][:3]
     ops = k["ops"]
+    groups = {g["exp"]: g for g in k.get("safe_softmax", []) if g.get("scale_outputs")}
+    for g in groups.values():
+        if g.get("shift_store") is None:
+            raise ValueError(f"kernel {k['name']}: scale_outputs without a shift_store")
     for bx, by, bz in itertools.product(range(gx), range(gy), range(gz)):
         vals: dict[int, np.ndarray] = {}
         acc: dict[int, np.ndarray] = {}
         env = {"bx": bx, "by": by, "bz": bz, "iter": 0}
+        maxima: dict[int, np.ndarray] = {}  # exp op -> row max of its argument so far
 
         def compute(
-            o: dict[str, Any], vals: dict[int, np.ndarray] = vals, env: dict[str, int] = env
+            o: dict[str, Any],
+            vals: dict[int, np.ndarray] = vals,
+            env: dict[str, int] = env,
+            maxima: dict[int, np.ndarray] = maxima,
         ) -> np.ndarray:
             a = [vals[x] for x in o.get("args", [])]
             kind = o["op"]
             if kind == "input":
-                inp = k["inputs"][o["input"]]
-                return bufs[inp["buffer"]][_slices(_start(inp["offsets"], env), inp["tile"])].copy()
+                return _load(k["inputs"][o["input"]], bufs, env)
+            if o["id"] in groups:
+                rowmax = a[0].max(axis=-1, keepdims=True)
+                maxima[o["id"]] = np.maximum(maxima.get(o["id"], -np.inf), rowmax)
             if kind == "matmul":
                 return a[0] @ a[1]
             if kind == "unary":
@@ -134,10 +159,15 @@ def run_generated(k: dict[str, Any], bufs: dict[int, np.ndarray]) -> None:
                 vals[o["id"]] = v
             elif o["phase"] == "epilogue":
                 vals[o["id"]] = compute(o)
-        for out in k["outputs"]:
-            bufs[out["buffer"]][_slices(_start(out["offsets"], env), out["tile"])] = vals[
-                out["src"]
-            ]
+        shifts = {i: maxima[e] for e, g in groups.items() for i in g["scale_outputs"]}
+        for i, out in enumerate(k["outputs"]):
+            v = vals[out["src"]]
+            if i in shifts:
+                v = v * np.exp(-shifts[i])
+            bufs[out["buffer"]][_slices(_start(out["offsets"], env), out["tile"])] = v
+        for e, g in groups.items():
+            st = g["shift_store"]
+            bufs[st["buffer"]][_slices(_start(st["offsets"], env), st["tile"])] = maxima[e]
 
 
 def run_library(k: dict[str, Any], bufs: dict[int, np.ndarray]) -> None:

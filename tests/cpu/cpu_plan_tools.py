@@ -2,7 +2,7 @@
 
 ``PlanBuilder`` writes plan JSON with the shape rules of the µGraph IR; tests run what it
 builds with the shared float64 plan interpreter (``_plan_ref.run_plan``, exact math without
-the safe-softmax shift, so it checks the printer's running-max rewrite too).
+the safe-softmax shift inside a kernel, so it checks the printer's running-max rewrite too).
 """
 
 from __future__ import annotations
@@ -47,12 +47,32 @@ class KernelBuilder:
         return oid
 
     def input(
-        self, buffer: int, tile: list[int], offsets: list[list[dict[str, Any]]], phase: str = "loop"
+        self,
+        buffer: int,
+        tile: list[int],
+        offsets: list[list[dict[str, Any]]],
+        phase: str = "loop",
+        shift: tuple[int, int] | None = None,
     ) -> int:
+        """A tile load; ``shift=(max buffer, width)`` reads a partial stored shifted, whose
+        maxima lie at the same offsets of the max buffer, one column per ``width``."""
         bdims = self.plan.buffers[buffer]["dims"]
-        self.k["inputs"].append(
-            {"buffer": buffer, "dims": list(bdims), "tile": list(tile), "offsets": offsets}
-        )
+        entry: dict[str, Any] = {
+            "buffer": buffer,
+            "dims": list(bdims),
+            "tile": list(tile),
+            "offsets": offsets,
+        }
+        if shift is not None:
+            m_buf, width = shift
+            last = [{"var": t["var"], "stride": t["stride"] // width} for t in offsets[-1]]
+            entry["shift_load"] = {
+                "buffer": m_buf,
+                "tile": [*tile[:-1], tile[-1] // width],
+                "offsets": [*offsets[:-1], last],
+                "width": width,
+            }
+        self.k["inputs"].append(entry)
         return self._add({"op": "input", "input": len(self.k["inputs"]) - 1}, tile, phase)
 
     def matmul(self, a: int, b: int, phase: str = "loop") -> int:
@@ -129,11 +149,30 @@ class KernelBuilder:
         return len(self.k["outputs"]) - 1
 
     def safe_softmax(
-        self, exp: int, accums: list[int], scale_outputs: list[int] | None = None
+        self,
+        exp: int,
+        accums: list[int],
+        scale_outputs: list[int] | None = None,
+        shift_store: tuple[int, list[list[dict[str, Any]]]] | None = None,
     ) -> None:
-        self.k["safe_softmax"].append(
-            {"exp": exp, "accums": accums, "scale_outputs": list(scale_outputs or [])}
-        )
+        """A group; ``shift_store=(max buffer, offsets)`` stores its running max (tile: the
+        rows of the exp's argument), which ``scale_outputs`` need."""
+        group: dict[str, Any] = {
+            "exp": exp,
+            "accums": accums,
+            "scale_outputs": list(scale_outputs or []),
+        }
+        if shift_store is not None:
+            arg = self.k["ops"][exp]["args"][0]
+            group["shift_store"] = {
+                "buffer": shift_store[0],
+                "tile": [*self.dims[arg][:-1], 1],
+                "offsets": shift_store[1],
+            }
+        self.k["safe_softmax"].append(group)
+
+    def shift_carry(self, inputs: list[int], accums: list[int]) -> None:
+        self.k["shift_carry"] = {"inputs": inputs, "accums": accums}
 
 
 class PlanBuilder:
@@ -203,7 +242,7 @@ class PlanBuilder:
     def build(self) -> dict[str, Any]:
         return {
             "format": "yirage.kernel_plan",
-            "version": 1,
+            "version": 2,
             "graph_hash": "test",
             "buffers": self.buffers,
             "kernels": [k.k if isinstance(k, KernelBuilder) else k for k in self.kernels],

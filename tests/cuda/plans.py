@@ -3,8 +3,9 @@
 Until the core's search emits plans, these are the plans the printers are tested on; they
 follow the format exactly and cover: rmsnorm+matmul, gated MLP, LoRA (split-K low-rank
 projection reduced to dimx in a ``pre`` phase, epilogue add), split-KV attention (GQA decode,
-safe softmax, ``scale_outputs``) with and without QK-norm, a mixed library+generated plan,
-and "zoo" plans with non-power-of-two tiles and every tile op.
+safe softmax, ``scale_outputs`` stored shifted with their maxima, the combine's
+``shift_carry``) with and without QK-norm, a mixed library+generated plan, and "zoo" plans
+with non-power-of-two tiles and every tile op.
 
 Each builder returns a :class:`Case`: the plan (a dict), input shapes/dtypes, and a float64
 numpy reference of the *workload* (independent of the plan).
@@ -60,7 +61,7 @@ class PlanBuilder:
     def __init__(self, graph_hash: str) -> None:
         self.plan: dict[str, Any] = {
             "format": "yirage.kernel_plan",
-            "version": 1,
+            "version": 2,
             "graph_hash": graph_hash,
             "buffers": [],
             "kernels": [],
@@ -123,16 +124,36 @@ class KernelBuilder:
         self.op_dims[op_id] = list(op["dims"])
         return op_id
 
-    def load(self, bid: int, tile: Sequence[int], phase: str = "loop", **offs: Any) -> int:
+    def load(
+        self,
+        bid: int,
+        tile: Sequence[int],
+        phase: str = "loop",
+        shift: tuple[int, int] | None = None,
+        **offs: Any,
+    ) -> int:
+        """A tile load; ``shift=(max buffer, width)`` reads a partial stored shifted, whose
+        maxima lie in the max buffer at the same offsets, one column per ``width``."""
         idx = len(self.k["inputs"])
-        self.k["inputs"].append(
-            {
-                "buffer": bid,
-                "dims": self.pb.dims(bid),
-                "tile": list(tile),
-                "offsets": _off(len(tile), **offs),
+        entry: dict[str, Any] = {
+            "buffer": bid,
+            "dims": self.pb.dims(bid),
+            "tile": list(tile),
+            "offsets": _off(len(tile), **offs),
+        }
+        if shift is not None:
+            m_buf, width = shift
+            terms = {
+                k: [(v, st // width) if k == f"d{len(tile) - 1}" else (v, st) for v, st in t]
+                for k, t in offs.items()
             }
-        )
+            entry["shift_load"] = {
+                "buffer": m_buf,
+                "tile": [*tile[:-1], tile[-1] // width],
+                "offsets": _off(len(tile), **terms),
+                "width": width,
+            }
+        self.k["inputs"].append(entry)
         itemsize = 2 if self.pb.plan["buffers"][bid]["dtype"] != "float32" else 4
         self.k["smem_bytes"] += math.prod(tile) * itemsize
         return self._add({"op": "input", "input": idx, "dims": list(tile), "phase": phase})
@@ -204,11 +225,31 @@ class KernelBuilder:
         return len(self.k["outputs"]) - 1
 
     def safe_softmax(
-        self, exp: int, accums: Sequence[int], scale_outputs: Sequence[int] = ()
+        self,
+        exp: int,
+        accums: Sequence[int],
+        scale_outputs: Sequence[int] = (),
+        shift_store: int | None = None,
+        **offs: Any,
     ) -> None:
-        self.k["safe_softmax"].append(
-            {"exp": exp, "accums": list(accums), "scale_outputs": list(scale_outputs)}
-        )
+        """A group; with ``scale_outputs`` its running max goes to buffer ``shift_store``
+        (tile: the exp's rows, offsets ``offs``)."""
+        group: dict[str, Any] = {
+            "exp": exp,
+            "accums": list(accums),
+            "scale_outputs": list(scale_outputs),
+        }
+        if shift_store is not None:
+            rows = [*self.op_dims[self.k["ops"][exp]["args"][0]][:-1], 1]
+            group["shift_store"] = {
+                "buffer": shift_store,
+                "tile": rows,
+                "offsets": _off(len(rows), **offs),
+            }
+        self.k["safe_softmax"].append(group)
+
+    def shift_carry(self, inputs: Sequence[int], accums: Sequence[int]) -> None:
+        self.k["shift_carry"] = {"inputs": list(inputs), "accums": list(accums)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,10 +395,12 @@ def gqa_decode(
     """softmax(Q Kᵀ/√d) V in the workloads' GQA layout (yirage._workloads): Q [bb, G, d] (the G
     query heads sharing a KV head are the rows, bb = batch·kv_heads), Kᵀ [bb, d, L],
     V [bb, L, d]. Kernel 0 (grid bbxsplits) runs the safe softmax over its KV slice and writes
-    shifted-back partial numerators [bb, G, splits·d] and denominators [bb, G, splits]
-    (``scale_outputs``); kernel 1 sums them and divides: all partials at once with
-    ``sum_todimx`` / ``sum`` accumulators (``combine="dimx"``) or one split per loop iteration
-    with ``iter`` accumulators (``combine="loop"``, which scales to many splits).
+    partial numerators [bb, G, splits·d] and denominators [bb, G, splits] shifted by its row
+    max (``scale_outputs``) and the maxima [bb, G, splits] (``shift_store``); kernel 1
+    rescales them to its running max (``shift_carry``), sums them and divides: all partials
+    at once with ``sum_todimx`` / ``sum`` accumulators (``combine="dimx"``) or one split per
+    loop iteration with ``iter`` accumulators (``combine="loop"``, which scales to many
+    splits).
     ``qk_norm`` adds rms_norm of Q (tile op, last dim, eps) and of K over d (dim 1 of Kᵀ:
     square → reduction → scale → sqrt → div, no eps, as in the workload)."""
     tag = "qknorm-gqa" if qk_norm else "gqa"
@@ -368,6 +411,7 @@ def gqa_decode(
     o = pb.buf([bb, group, d], dtype, "output")
     num = pb.buf([bb, group, splits * d], "float32", "intermediate")
     den = pb.buf([bb, group, splits], "float32", "intermediate")
+    mx = pb.buf([bb, group, splits], "float32", "intermediate")
     span = kv_len // splits
     k0 = pb.kernel("attn_split", [bb, splits], span // tl, warps)
     tq = k0.load(q, [1, group, d], "pre", d0=[("bx", 1)])
@@ -384,19 +428,21 @@ def gqa_decode(
     acc_l = k0.accum(e, "sum")
     o0 = k0.store(num, acc_o, d0=[("bx", 1)], d2=[("by", d)])
     o1 = k0.store(den, acc_l, d0=[("bx", 1)], d2=[("by", 1)])
-    k0.safe_softmax(e, [acc_o, acc_l], [o0, o1])
+    k0.safe_softmax(e, [acc_o, acc_l], [o0, o1], mx, d0=[("bx", 1)], d2=[("by", 1)])
     if combine == "dimx":
         k1 = pb.kernel("attn_combine", [bb], 1, warps)
-        tn = k1.load(num, [1, group, splits * d], d0=[("bx", 1)])
-        td = k1.load(den, [1, group, splits], d0=[("bx", 1)])
+        tn = k1.load(num, [1, group, splits * d], shift=(mx, d), d0=[("bx", 1)])
+        td = k1.load(den, [1, group, splits], shift=(mx, 1), d0=[("bx", 1)])
         an = k1.accum(tn, "sum_todimx", dimx=d)
         ad = k1.accum(td, "sum")
+        k1.shift_carry([0, 1], [])  # loaded once: the max is final before the loop
     else:
         k1 = pb.kernel("attn_combine", [bb], splits, warps)
-        tn = k1.load(num, [1, group, d], d0=[("bx", 1)], d2=[("iter", d)])
-        td = k1.load(den, [1, group, 1], d0=[("bx", 1)], d2=[("iter", 1)])
+        tn = k1.load(num, [1, group, d], shift=(mx, d), d0=[("bx", 1)], d2=[("iter", d)])
+        td = k1.load(den, [1, group, 1], shift=(mx, 1), d0=[("bx", 1)], d2=[("iter", 1)])
         an = k1.accum(tn)
         ad = k1.accum(td)
+        k1.shift_carry([0, 1], [an, ad])
     k1.store(o, k1.binary("div", an, ad, "epilogue"), d0=[("bx", 1)])
 
     def ref(qv: np.ndarray, ktv: np.ndarray, vv: np.ndarray) -> list[np.ndarray]:
@@ -485,9 +531,9 @@ def mixed_library(
 
 
 def zoo_odd(dtype: str = "float32") -> Case:
-    """Non-power-of-two tiles (6x48 · 48x20), rms and exp-sum accumulators (safe softmax with
-    a scaled output), a ``pre`` input used in the epilogue, and the unary/binary ops gelu, div,
-    sub, clamp, mul_scalar."""
+    """Non-power-of-two tiles (6x48 · 48x20), rms and exp-sum accumulators (safe softmax: a
+    softmax-weighted row mean, the ratio of two accumulators), a ``pre`` input used in the
+    epilogue, and the unary/binary ops gelu, div, sub, clamp, mul_scalar."""
     pb = PlanBuilder(f"fixture-zoo-odd-{dtype}")
     x, w = pb.buf([6, 96], dtype, "input"), pb.buf([96, 40], dtype, "input")
     y = pb.buf([6, 40], dtype, "input")
@@ -499,17 +545,19 @@ def zoo_odd(dtype: str = "float32") -> Case:
     rms = k.accum(tx, "rms", eps=1e-5, extent=96)
     e = k.unary("exp", k.unary("mul_scalar", tx, params=[0.5]))
     es = k.accum(e, "sum")
+    ex = k.accum(k.binary("mul", e, tx), "sum")
     ty = k.load(y, [6, 20], "pre", d1=[("bx", 20)])
     z = k.unary("gelu", k.binary("div", acc, rms, "epilogue"), "epilogue")
     z = k.unary("clamp", k.binary("sub", z, ty, "epilogue"), "epilogue", params=[-2.0, 2.0])
     k.store(o1, z, d1=[("bx", 20)])
-    so = k.store(o2, es, d1=[("bx", 1)])
-    k.safe_softmax(e, [es], [so])
+    k.store(o2, k.binary("div", ex, es, "epilogue"), d1=[("bx", 1)])
+    k.safe_softmax(e, [es, ex])
 
     def ref(xv: np.ndarray, wv: np.ndarray, yv: np.ndarray) -> list[np.ndarray]:
         zz = _gelu((xv @ wv) / _rms(xv, 1e-5)) - yv
-        s = np.exp(0.5 * xv).sum(axis=1, keepdims=True)
-        return [np.clip(zz, -2.0, 2.0), np.concatenate([s, s], axis=1)]
+        s = np.exp(0.5 * xv)
+        mean = (s * xv).sum(axis=1, keepdims=True) / s.sum(axis=1, keepdims=True)
+        return [np.clip(zz, -2.0, 2.0), np.concatenate([mean, mean], axis=1)]
 
     return Case("zoo_odd", pb.plan, [((6, 96), dtype), ((96, 40), dtype), ((6, 40), dtype)], ref)
 
@@ -587,8 +635,8 @@ def small_cases(dtype: str = "float32") -> list[Case]:
 
 
 def target_cases(dtype: str = "float16") -> list[Case]:
-    """The TARGETS.md workloads at full size (hand-tiled plans for the H100), named as in
-    TARGETS.md; ``case.workload`` / ``case.preset`` name the yirage._workloads entry."""
+    """The bench workloads at full size (hand-tiled plans for the H100), named as the
+    bench names them; ``case.workload`` / ``case.preset`` name the yirage._workloads entry."""
     cases = []
     for b, preset in ((1, "gpu_b1"), (8, "gpu"), (16, "gpu_b16")):
         c = rmsnorm_linear(b=b, h=4096, n=6144, tn=64, tk=128, dtype=dtype)

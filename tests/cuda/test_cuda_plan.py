@@ -58,7 +58,7 @@ _DELETE = object()
 
 BAD = [
     ("format", "something.else", "format"),
-    ("version", 2, "version 2 is not supported"),
+    ("version", 3, "version 3 is not supported"),
     ("buffers.0.dtype", "float64", "dtype 'float64'"),
     ("buffers.0.role", "weird", "role 'weird'"),
     ("kernels.0.kind", "magic", "kind 'magic'"),

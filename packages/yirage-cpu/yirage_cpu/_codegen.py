@@ -25,7 +25,11 @@ How a generated kernel maps onto a CPU:
   convert back (round to nearest even);
 * ``safe_softmax`` groups keep a running row max ``m``: ``exp(x - m)`` and each listed
   accumulator is rescaled by ``exp(m_old - m_new)`` before it adds; listed outputs are
-  multiplied by ``exp(m)`` before the store.
+  stored shifted and ``m`` is stored at the group's ``shift_store``;
+* a ``shift_carry`` kernel (the reader of shifted partials) keeps a running row max ``M`` of
+  the maxima of its shifted inputs (``shift_load``): before its first shifted tile it raises
+  ``M`` to them and rescales the listed accumulators by ``exp(M_old - M_new)``; every shifted
+  tile is copied multiplied by ``exp(m - M)``.
 """
 
 from __future__ import annotations
@@ -53,9 +57,9 @@ __all__ = [
 ]
 
 PLAN_FORMAT = "yirage.kernel_plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 #: Version of the printer; part of every compile-cache key.
-CODEGEN_VERSION = "6"
+CODEGEN_VERSION = "7"
 
 #: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
 _STACK_LIMIT = 256 * 1024
@@ -132,7 +136,7 @@ def normalize_plan(plan: Any) -> dict[str, Any]:
         raise CodegenError(
             f"not a kernel plan: format is {plan.get('format')!r}, expected {PLAN_FORMAT!r}"
         )
-    if plan.get("version") != PLAN_VERSION:
+    if plan.get("version") not in (1, PLAN_VERSION):
         raise CodegenError(
             f"kernel plan version {plan.get('version')!r} is not supported by this yirage-cpu "
             f"(it prints version {PLAN_VERSION}); install matching versions of yirage and "
@@ -156,6 +160,13 @@ def normalize_plan(plan: Any) -> dict[str, Any]:
         ids.append(b["id"])
     if sorted(ids) != list(range(len(ids))):
         raise CodegenError(f"plan buffer ids must be 0..{len(ids) - 1}, got {sorted(ids)}")
+    if plan["version"] == 1 and any(
+        g.get("scale_outputs") for k in kernels for g in k.get("safe_softmax", []) or []
+    ):
+        raise CodegenError(
+            "kernel plan version 1 un-shifts scale_outputs by exp(m) before the store, which "
+            "overflows; lower the graph again with this yirage (version 2 stores them shifted)"
+        )
     out: dict[str, Any] = plan
     return out
 
@@ -440,6 +451,12 @@ class _KernelPrinter:
                         f"{e}'s argument {xdims}"
                     )
                 self.scaled_outputs.setdefault(oi, []).append(e)
+            if bool(grp.get("scale_outputs")) != (grp.get("shift_store") is not None):
+                raise self._err(
+                    f"safe_softmax group of exp {e}: scale_outputs are stored shifted and need "
+                    "a shift_store (and a shift_store needs them)"
+                )
+        self._analyse_carry()
         # matmul → iter-accumulator fusion
         self.fused_into: dict[int, int] = {}
         self.fused_accums: set[int] = set()
@@ -454,6 +471,42 @@ class _KernelPrinter:
                 if tuple(self._dims(cons[0])) == tuple(self._dims(oid)):
                     self.fused_into[oid] = cons[0]
                     self.fused_accums.add(cons[0])
+
+    def _analyse_carry(self) -> None:
+        """The ``shift_carry`` group: its shifted input ops (all loaded in one phase), their
+        rows, and the accumulators to rescale (which must have those rows)."""
+        carry = self.k.get("shift_carry")
+        self.carry_ops: list[int] = []
+        self.carry_accums: set[int] = set()
+        self.carry_done = False  # the running max is raised before the first shifted tile
+        ins = self.k.get("inputs", [])
+        shifted = sorted(i for i, x in enumerate(ins) if x.get("shift_load") is not None)
+        listed = sorted(int(i) for i in (carry or {}).get("inputs", []))
+        if listed != shifted:
+            raise self._err(
+                f"shift_carry lists inputs {listed}, but inputs {shifted} have a shift_load"
+            )
+        if carry is None:
+            return
+        self.carry_ops = [
+            o for o, op in self.ops.items() if op["op"] == "input" and int(op["input"]) in listed
+        ]
+        if len({self.phase[o] for o in self.carry_ops}) != 1:
+            raise self._err("shifted inputs must all walk the loop or all be loaded once")
+        rows = {self._dims(o)[:-1] for o in self.carry_ops}
+        if len(rows) != 1:
+            raise self._err(f"shifted inputs have different rows {sorted(rows)}")
+        self.carry_rows = rows.pop()
+        for a in carry.get("accums", []):
+            a = int(a)
+            if a not in self.ops or self.ops[a]["op"] != "accum":
+                raise self._err(f"shift_carry lists op {a}, not an accumulator")
+            if self._dims(a)[:-1] != self.carry_rows:
+                raise self._err(
+                    f"shift_carry: accumulator {a} {self._dims(a)} does not have the rows "
+                    f"{self.carry_rows} of the shifted inputs"
+                )
+            self.carry_accums.add(a)
 
     def _shift_degrees(self, exp: int) -> dict[int, int | None]:
         """Degree d of each op's value in exp(-m) (m: the running max of ``exp``'s group);
@@ -574,6 +627,9 @@ class _KernelPrinter:
         bstrides = _row_major(bdims)
         if self.phase[oid] == "loop":
             self._emit_prefetch(w, bid, kin["offsets"], bdims, tile, _ITEMSIZE[buf["dtype"]])
+        if kin.get("shift_load") is not None:
+            self._emit_shifted_input(w, oid, kin, buf, off)
+            return
         if buf["dtype"] == "float32" and tuple(tile) == dims:
             name = f"v{oid}"
             w(f"const float *restrict {name} = B{bid} + {off};")
@@ -588,6 +644,64 @@ class _KernelPrinter:
         with self._nest(w, tile) as idx:
             el = f"B{bid}[{base} + {src.off(idx)}]"
             w(f"{priv.ptr}[{self._lin(idx, tile)}] = {_LOAD[buf['dtype']].format(el)};")
+
+    def _m_tile(self, load: Mapping[str, Any]) -> tuple[int, str, _Tile]:
+        """(buffer id, base offset expression, tile view) of a ``shift_load``."""
+        mb = int(load["buffer"])
+        if mb not in self.buffers:
+            raise self._err(f"shift_load reads unknown buffer {mb}")
+        mdims = [int(d) for d in self.buffers[mb]["dims"]]
+        tile = tuple(int(d) for d in load["tile"])
+        base = self._offset_expr(load["offsets"], mdims)
+        return mb, base, _Tile(f"B{mb}", tile, _row_major(mdims), False)
+
+    def _emit_carry_update(self, w: _Writer) -> None:
+        """Raise the running max ``yr_cM`` of every row to the maxima of all shifted tiles
+        (``yr_cA``: exp(old - new), 0 while the old one is -inf)."""
+        if self.carry_done:
+            return
+        self.carry_done = True
+        rows = self.carry_rows
+        with w.block(""), self._nest(w, rows, simd=False) as ridx:
+            r = self._lin(ridx, rows)
+            w("float yr_mx = -INFINITY;")
+            for o in self.carry_ops:
+                mb, base, mt = self._m_tile(self._kinput(self.ops[o])["shift_load"])
+                with w.block(f"for (int c = 0; c < {mt.dims[-1]}; ++c)"):
+                    w(f"const float yr_v = B{mb}[{base} + {mt.off([*ridx, 'c'])}];")
+                    w("yr_mx = yr_v > yr_mx ? yr_v : yr_mx;")
+            w(f"const float yr_mo = yr_cM[{r}];")
+            w("const float yr_mn = yr_mx > yr_mo ? yr_mx : yr_mo;")
+            w(f"yr_cA[{r}] = (yr_mo == -INFINITY) ? 0.0f : yr_exp(yr_mo - yr_mn);")
+            w(f"yr_cM[{r}] = yr_mn;")
+
+    def _emit_shifted_input(
+        self, w: _Writer, oid: int, kin: Mapping[str, Any], buf: Mapping[str, Any], off: str
+    ) -> None:
+        """A shifted tile, copied times exp(m - M) (M read as 0 where it is -inf): one exp
+        per max (a row's, or a row's block of ``width`` columns), then a multiply each."""
+        self._emit_carry_update(w)
+        load = kin["shift_load"]
+        width = int(load["width"])
+        dims = self._dims(oid)
+        priv = self._private(oid, dims)
+        self.tiles[oid] = priv
+        bid = int(kin["buffer"])
+        src = _Tile(f"B{bid}", dims, _row_major([int(d) for d in buf["dims"]]), False)
+        mb, mbase, mt = self._m_tile(load)
+        scale = self._private(oid, mt.dims, prefix="yr_sc")
+        w(f"const int64_t yr_moff{oid} = {mbase};")
+        with self._nest(w, mt.dims) as sidx:
+            r = self._lin(sidx[:-1], dims[:-1])
+            big_m = f"(yr_cM[{r}] == -INFINITY ? 0.0f : yr_cM[{r}])"
+            m = f"B{mb}[yr_moff{oid} + {mt.off(sidx)}]"
+            w(f"{scale.at(sidx)} = yr_exp({m} - {big_m});")
+        base = f"yr_off{oid}"
+        w(f"const int64_t {base} = {off};")
+        with self._nest(w, dims) as idx:
+            col = idx[-1] if width == 1 or idx[-1] == "0" else f"{idx[-1]} / {width}"
+            el = _LOAD[buf["dtype"]].format(f"B{bid}[{base} + {src.off(idx)}]")
+            w(f"{priv.ptr}[{self._lin(idx, dims)}] = {el} * {scale.at([*idx[:-1], col])};")
 
     def _emit_prefetch(
         self,
@@ -962,6 +1076,8 @@ class _KernelPrinter:
             if self.phase[e] == "pre":
                 continue  # the shift is constant: nothing to rescale
             factors.extend([f"yr_s{e}[r]"] * d if d > 0 else [f"(1.0f / yr_s{e}[r])"] * -d)
+        if acc_id in self.carry_accums and self.phase[self.carry_ops[0]] != "pre":
+            factors.append("yr_cA[r]")
         if not factors:
             return
         t = self.tiles[acc_id]
@@ -1026,16 +1142,26 @@ class _KernelPrinter:
         srct = _Tile(src.ptr, tile, _row_major(tile), True) if src.dims != tile else src
         base = f"yr_o{index}"
         w(f"const int64_t {base} = {off};")
-        exps = self.scaled_outputs.get(index, [])
-        cols = tile[-1]
-        with self._nest(w, tile) as idx:
+        with self._nest(w, tile) as idx:  # scale_outputs too: they are stored shifted
             dst = self._at_raw(_Tile(f"B{bid}", tile, bstrides, False), idx)
             dst = dst.replace(f"B{bid}[", f"B{bid}[{base} + ", 1)
-            val = srct.at(idx)
-            for e in exps:
-                row = f"({self._lin(idx, tile)}) / {cols}"
-                val = f"{val} * yr_exp(yr_m{e}[{row}])"
-            w(f"{dst} = {conv.format(val)};")
+            w(f"{dst} = {conv.format(srct.at(idx))};")
+
+    def _emit_shift_store(self, w: _Writer, exp: int, store: Mapping[str, Any]) -> None:
+        """The running max of ``exp``'s group, one per row of its argument."""
+        mb = int(store["buffer"])
+        if mb not in self.buffers:
+            raise self._err(f"shift_store writes unknown buffer {mb}")
+        mdims = [int(d) for d in self.buffers[mb]["dims"]]
+        tile = tuple(int(d) for d in store["tile"])
+        rows = self._dims(int(self.ops[exp]["args"][0]))[:-1]
+        if tile != (*rows, 1):
+            raise self._err(f"shift_store tile {list(tile)} is not exp {exp}'s rows {rows}")
+        dst = _Tile(f"B{mb}", tile, _row_major(mdims), False)
+        with w.block(""):
+            w(f"const int64_t yr_ms = {self._offset_expr(store['offsets'], mdims)};")
+            with self._nest(w, tile) as idx:
+                w(f"B{mb}[yr_ms + {dst.off(idx)}] = yr_m{exp}[{self._lin(idx[:-1], rows)}];")
 
     # -- the function ----------------------------------------------------------------------
     def _emit_op(self, w: _Writer, oid: int) -> None:
@@ -1089,6 +1215,12 @@ class _KernelPrinter:
                 f"for (int j = 0; j < {rows}; ++j) {{ yr_m{e}[j] = -INFINITY; yr_s{e}[j] = 1.0f; }}"
             )
             body(f"(void)yr_s{e};")
+        if self.carry_ops:
+            rows = _prod(self.carry_rows)
+            body(f"float yr_cM[{rows}];")
+            body(f"float yr_cA[{rows}];")
+            body(f"for (int j = 0; j < {rows}; ++j) {{ yr_cM[j] = -INFINITY; yr_cA[j] = 1.0f; }}")
+            body("(void)yr_cA;")
         for o in pre:
             self._emit_op(body, o)
         with body.block(f"for (int iter = 0; iter < {self.loop_range}; ++iter)"):
@@ -1100,14 +1232,29 @@ class _KernelPrinter:
             self._emit_op(body, o)
         for i, out in enumerate(self.k.get("outputs", [])):
             self._emit_output(body, i, out)
+        for e, grp in self.softmax_of_exp.items():
+            if grp.get("shift_store") is not None:
+                self._emit_shift_store(body, e, grp["shift_store"])
         return self._function(body)
 
     def _function(self, body: _Writer) -> str:
+        stores = {
+            int(g["shift_store"]["buffer"])
+            for g in self.softmax_of_exp.values()
+            if g.get("shift_store") is not None
+        }
+        loads = {
+            int(i["shift_load"]["buffer"])
+            for i in self.k.get("inputs", [])
+            if i.get("shift_load") is not None
+        }
         used_bufs = sorted(
             {int(i["buffer"]) for i in self.k.get("inputs", [])}
             | {int(o["buffer"]) for o in self.k.get("outputs", [])}
+            | stores
+            | loads
         )
-        out_bufs = {int(o["buffer"]) for o in self.k.get("outputs", [])}
+        out_bufs = {int(o["buffer"]) for o in self.k.get("outputs", [])} | stores
         nblocks = _prod(self.grid)
         heap = sum(n for _, n in self.private_decls) * 4 > _STACK_LIMIT
         w = _Writer()

@@ -24,8 +24,11 @@ Execution model (simple and general rather than peak-performance):
   shape (M→16, N→8, K→16; no staging when a loaded tile already fits) and run
   ``mma.sync.m16n8k16`` with fp32 accumulation, one warp per 16x8 output tile; fp32 graphs
   (or ``use_mma=False``) use fp32 FMA loops;
-* accumulators, phases, safe-softmax groups and the exp(m) scaling of ``scale_outputs`` follow
-  docs/kernel-plan.md exactly as the Triton printer does.
+* accumulators, phases, safe-softmax groups (``scale_outputs`` stored shifted, the row max
+  stored at ``shift_store``) and the ``shift_carry`` of a reader of shifted partials follow
+  docs/kernel-plan.md exactly as the Triton printer does: the carry is one more running-max
+  group whose max is raised, before the first shifted tile, to the maxima its ``shift_load``
+  tiles hold; shifted tiles are loaded times exp(m - M).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from yirage_cuda._plan import CodegenError, GeneratedKernel, Plan, TileAccess, T
 
 __all__ = ["CODEGEN_VERSION", "CudaCppOptions", "CudaCppSource", "generate_cuda"]
 
-CODEGEN_VERSION = "cudacpp-3"
+CODEGEN_VERSION = "cudacpp-4"
 _ALIGN = 16
 
 
@@ -249,7 +252,9 @@ class _CudaKernelPrinter:
         self.slots: dict[int, _Slot] = {}
         self.steps: list[_Step] = []
         self.params: list[int] = []
-        for acc in (*k.inputs, *k.outputs):
+        self.stores = [g.shift_store for g in k.safe_softmax if g.shift_store is not None]
+        shifts = [a.shift_load.access for a in k.inputs if a.shift_load is not None]
+        for acc in (*k.inputs, *k.outputs, *shifts, *self.stores):
             if acc.buffer not in self.params:
                 self.params.append(acc.buffer)
         self.group_of_exp = {g.exp: i for i, g in enumerate(k.safe_softmax)}
@@ -257,6 +262,15 @@ class _CudaKernelPrinter:
         for i, g in enumerate(k.safe_softmax):
             for a in g.accums:
                 self.groups_of_acc.setdefault(a, []).append(i)
+        # the shift carry: one more running-max group, numbered after the safe-softmax ones
+        self.carry_gi = len(k.safe_softmax)
+        self.carry_loads = [
+            o for o in k.ops if o.op == "input" and k.inputs[o.attr("input")].shift_load
+        ]
+        self.carry_raised = False  # the first shifted load's step raises the max
+        if k.shift_carry is not None:
+            for a in k.shift_carry.accums:
+                self.groups_of_acc.setdefault(a, []).append(self.carry_gi)
         self.invariant = self.k.invariant_ops()
         self.mma_dtype = plan.compute_dtype if opts.use_mma and plan.compute_dtype in _MMA else None
         self.group_m: dict[int, _Slot] = {}
@@ -355,16 +369,82 @@ class _CudaKernelPrinter:
         lines.append("}")
         return lines
 
+    def shifted_load_code(self, o: TileOp, slot: _Slot, it: str, raise_max: bool) -> list[str]:
+        """A shifted tile loaded times exp(m - M) (M read as 0 where it is -inf), after
+        raising the running max first if ``raise_max``."""
+        acc = self.k.inputs[o.attr("input")]
+        sl = acc.shift_load
+        assert sl is not None
+        buf = self.plan.buffer(acc.buffer)
+        conv = {"float32": "{}", "float16": "yr_h2f({})", "bfloat16": "yr_b2f({})"}[buf.dtype]
+        cols, mcols = acc.tile[-1], sl.access.tile[-1]
+        big_m = self.group_m[self.carry_gi]
+        el = conv.format(f"g{acc.buffer}[base + {self._gidx(acc, 'e')}]")
+        m = f"g{sl.access.buffer}[mbase + {self._gidx(sl.access, 'me')}]"
+        body = [
+            f"const int r = e / {cols};",
+            f"const int me = r * {mcols} + (e % {cols}) / {sl.width};",
+            f"const float mz = {big_m.name}[r] == (-1.0f/0.0f) ? 0.0f : {big_m.name}[r];",
+            f"{slot.name}[e] = {el} * expf({m} - mz);",
+        ]
+        lines = [*self.carry_raise_code(it), "YR_SYNC();"] if raise_max else []
+        return [
+            *lines,
+            f"{{  // load shifted input {o.attr('input')} (buffer {acc.buffer}) times exp(m - M)",
+            f"  const long long base = {self._base(acc, it)};",
+            f"  const long long mbase = {self._base(sl.access, it)};",
+            *("  " + x for x in self.loop(math.prod(acc.tile), body, "e")),
+            "}",
+        ]
+
+    def carry_raise_code(self, it: str) -> list[str]:
+        """The running max of every row raised to the maxima of all shifted tiles (with
+        ``carryalpha`` = exp(old - new), 0 while the old one is -inf, when it runs in the loop)."""
+        gi = self.carry_gi
+        big_m, alpha = self.group_m[gi], self.group_alpha[gi]
+        body = ["float mx = (-1.0f/0.0f);"]
+        for o in self.carry_loads:
+            sl = self.k.inputs[o.attr("input")].shift_load
+            assert sl is not None
+            c = sl.access.tile[-1]
+            base = self._base(sl.access, it)
+            m = f"g{sl.access.buffer}[{base} + {self._gidx(sl.access, f'(r * {c} + c)')}]"
+            body.append(f"for (int c = 0; c < {c}; ++c) mx = fmaxf(mx, {m});")
+        if self.group_running[gi]:
+            body += [
+                f"const float mo = {big_m.name}[r];",
+                "const float mn = fmaxf(mo, mx);",
+                f"{alpha.name}[r] = mo == (-1.0f/0.0f) ? 0.0f : expf(mo - mn);",
+                f"{big_m.name}[r] = mn;",
+            ]
+        else:
+            body.append(f"{big_m.name}[r] = mx;")
+        return [
+            "// raise the running max of the shifted partials",
+            *self.loop(big_m.numel, body, "r"),
+        ]
+
+    def shift_store_code(self) -> list[str]:
+        """Each group's row max into its ``shift_store`` (one value per row)."""
+        out = []
+        for gi, g in enumerate(self.k.safe_softmax):
+            st = g.shift_store
+            if st is None:
+                continue
+            body = [f"g{st.buffer}[base + {self._gidx(st, 'e')}] = {self.group_m[gi].name}[e];"]
+            out += [
+                f"{{  // store the row max of group {gi} (buffer {st.buffer})",
+                f"  const long long base = {self._base(st, '0')};",
+                *("  " + x for x in self.loop(math.prod(st.tile), body, "e")),
+                "}",
+            ]
+        return out
+
     def store_code(self, idx: int, acc: TileAccess) -> list[str]:
         assert acc.src is not None
         buf = self.plan.buffer(acc.buffer)
         src = self.slots[acc.src]
-        o = self.by_id[acc.src]
         val = src.read("e")
-        for gi, g in enumerate(self.k.safe_softmax):
-            if idx in g.scale_outputs:
-                m = self.group_m[gi]
-                val = f"{val} * expf({m.read(_bcast_index('e', o.dims, self.group_rows[gi]))})"
         conv = {"float32": "{}", "float16": "yr_f2h({})", "bfloat16": "yr_f2b({})"}[buf.dtype]
         body = [f"g{acc.buffer}[base + {self._gidx(acc, 'e')}] = {conv.format(val)};"]
         return [
@@ -398,6 +478,11 @@ class _CudaKernelPrinter:
         n = math.prod(o.dims)
         if kind == "input":
             buf = self.plan.buffer(self.k.inputs[o.attr("input")].buffer)
+            if self.k.inputs[o.attr("input")].shift_load is not None:
+                s = self.slot_for(o)
+                first, self.carry_raised = not self.carry_raised, True
+                carry = [self.group_m[self.carry_gi], self.group_alpha[self.carry_gi]]
+                return _Step(lambda: self.shifted_load_code(o, s, it, first), [s], carry)
             s = self.slot_for(o, "f32" if buf.dtype == "float32" else buf.dtype)
             return _Step(lambda: self.load_code(o, s, it), [s])
         if kind == "matmul":
@@ -772,6 +857,20 @@ class _CudaKernelPrinter:
                         f"do not broadcast to "
                         f"accumulator {a} {list(od)}"
                     )
+        if self.carry_loads:
+            gi = self.carry_gi
+            carry_rows = self.carry_loads[0].dims[:-1]
+            self.group_rows[gi] = (*carry_rows, 1)
+            self.group_m[gi] = _Slot("carrymax", "f32", math.prod(carry_rows))
+            self.group_alpha[gi] = _Slot("carryalpha", "f32", math.prod(carry_rows))
+            self.group_running[gi] = self.carry_loads[0].id not in self.invariant
+            for a in self.k.shift_carry.accums if self.k.shift_carry else ():
+                od = self.by_id[a].dims
+                if od[:-1] != carry_rows:
+                    raise CodegenError(
+                        f"kernel {k.name!r}: shift_carry rows {list(carry_rows)} are not "
+                        f"those of accumulator {a} {list(od)}"
+                    )
         for o in accums:
             self.slot_for(o)
         # schedule
@@ -811,15 +910,15 @@ class _CudaKernelPrinter:
             st.section = "post"
             self.steps.append(st)
         store_reads = [self.slots[out.src] for out in k.outputs if out.src is not None]
-        scale_reads = [self.group_m[gi] for gi, g in enumerate(k.safe_softmax) if g.scale_outputs]
+        store_reads += [self.group_m[gi] for gi, g in enumerate(k.safe_softmax) if g.shift_store]
 
         def stores() -> list[str]:
             out = []
             for i, acc in enumerate(k.outputs):
                 out += self.store_code(i, acc)
-            return out
+            return out + self.shift_store_code()
 
-        self.steps.append(_Step(stores, [], [*store_reads, *scale_reads], section="post"))
+        self.steps.append(_Step(stores, [], store_reads, section="post"))
         smem = self.allocate()
         return self.emit(), smem
 
@@ -877,7 +976,8 @@ class _CudaKernelPrinter:
         for b in self.params:
             buf = self.plan.buffer(b)
             ct = "float" if buf.dtype == "float32" else "yr_u16"
-            const = "const " if all(acc.buffer != b for acc in k.outputs) else ""
+            written = (*k.outputs, *self.stores)
+            const = "const " if all(acc.buffer != b for acc in written) else ""
             params.append(f"{const}{ct}* __restrict__ g{b}")
         lines = [
             f'extern "C" YR_GLOBAL void YR_BOUNDS({self.threads}) '

@@ -1,4 +1,4 @@
-"""KernelPlan (``yirage.kernel_plan`` v1, docs/kernel-plan.md) parsed into typed records.
+"""KernelPlan (``yirage.kernel_plan`` v2, docs/kernel-plan.md) parsed into typed records.
 
 The CUDA printers (Triton and CUDA C++) read plans only through these records, so every
 check a printer relies on (references resolve, tiles divide and stay inside their tensor,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from yirage._errors import BackendError, SerializationError
@@ -29,13 +29,15 @@ __all__ = [
     "Plan",
     "PlanError",
     "SafeSoftmax",
+    "ShiftCarry",
+    "ShiftLoad",
     "TileAccess",
     "TileOp",
     "parse_plan",
 ]
 
 FORMAT = "yirage.kernel_plan"
-VERSION = 1
+VERSION = 2
 DTYPES = ("float16", "bfloat16", "float32")
 UNARY_OPS = (
     "exp",
@@ -119,6 +121,16 @@ class OffsetTerm:
 
 
 @dataclass(frozen=True)
+class ShiftLoad:
+    """Where the running maxima of a shifted input tile are: ``access`` is a tile of the max
+    buffer whose column ``c`` holds the max of the input tile's columns
+    ``c·width .. (c+1)·width - 1``."""
+
+    access: TileAccess
+    width: int
+
+
+@dataclass(frozen=True)
 class TileAccess:
     """A tile load (kernel input) or store (kernel output)."""
 
@@ -126,6 +138,7 @@ class TileAccess:
     tile: tuple[int, ...]
     offsets: tuple[tuple[OffsetTerm, ...], ...]
     src: int | None = None  # outputs: the op whose value is stored
+    shift_load: ShiftLoad | None = None  # inputs: a partial stored shifted by exp(-m)
 
     def uses_iter(self) -> bool:
         return any(t.var == "iter" for dim in self.offsets for t in dim)
@@ -148,7 +161,18 @@ class TileOp:
 class SafeSoftmax:
     exp: int
     accums: tuple[int, ...]
+    #: outputs stored shifted by exp(-m) (m stored at ``shift_store``)
     scale_outputs: tuple[int, ...]
+    shift_store: TileAccess | None = None
+
+
+@dataclass(frozen=True)
+class ShiftCarry:
+    """A kernel reading shifted partials: its shifted inputs (indices into ``inputs``) and
+    the accumulators rescaled to its running max of their maxima."""
+
+    inputs: tuple[int, ...]
+    accums: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -172,6 +196,7 @@ class GeneratedKernel:
     outputs: tuple[TileAccess, ...]
     safe_softmax: tuple[SafeSoftmax, ...]
     smem_bytes: int
+    shift_carry: ShiftCarry | None = None
     kind: str = "generated"
 
     @property
@@ -489,6 +514,8 @@ def _parse_generated(
         tile = _dims(_get(r, "tile", w), w, "tile")
         acc = TileAccess(buf_id, tile, _offsets(_get(r, "offsets", w), len(tile), w))
         _check_access(acc, buf, grid, forloop, w)
+        if r.get("shift_load") is not None:
+            acc = replace(acc, shift_load=_shift_load(r["shift_load"], acc, bufs, grid, forloop, w))
         inputs.append(acc)
     ops = [_parse_op(o, name, len(inputs)) for o in _get(raw, "ops", where)]
     seen: dict[int, TileOp] = {}
@@ -551,7 +578,15 @@ def _parse_generated(
         for x in outs:
             if x >= len(outputs):
                 raise _err(w, f"scale_outputs names output {x} of {len(outputs)}")
-        groups.append(SafeSoftmax(exp_id, accs, outs))
+        store = None
+        if g.get("shift_store") is not None:
+            rows = (*seen[seen[exp_id].args[0]].dims[:-1], 1)
+            store = _shift_store(g["shift_store"], rows, bufs, grid, w)
+        if outs and store is None:
+            raise _err(w, "scale_outputs are stored shifted, so the group needs a shift_store")
+        if store is not None and not outs:
+            raise _err(w, "a shift_store without scale_outputs")
+        groups.append(SafeSoftmax(exp_id, accs, outs, store))
     k = GeneratedKernel(
         name=name,
         grid=grid,
@@ -563,9 +598,84 @@ def _parse_generated(
         outputs=tuple(outputs),
         safe_softmax=tuple(groups),
         smem_bytes=_int(raw.get("smem_bytes", 0), where, "smem_bytes", 0),
+        shift_carry=_shift_carry(raw.get("shift_carry"), inputs, seen, where),
     )
     _check_phases(k)
     return k
+
+
+def _shift_buffer(raw: Any, bufs: Mapping[int, Buffer], where: str) -> tuple[Buffer, int]:
+    bid = _int(_get(raw, "buffer", where), where, "buffer", 0)
+    if bid not in bufs:
+        raise _err(where, f"unknown buffer {bid}")
+    buf = bufs[bid]
+    if buf.role != "intermediate" or buf.dtype != "float32":
+        raise _err(where, f"buffer {bid} of running maxima must be a float32 intermediate")
+    return buf, bid
+
+
+def _shift_store(
+    raw: Any, rows: tuple[int, ...], bufs: Mapping[int, Buffer], grid: tuple[int, int, int], w: str
+) -> TileAccess:
+    """A group's ``shift_store``: one max per row of the exp's argument (tile ``rows``)."""
+    where = f"{w} shift_store"
+    buf, bid = _shift_buffer(raw, bufs, where)
+    tile = _dims(_get(raw, "tile", where), where, "tile")
+    if tile != rows:
+        raise _err(where, f"tile {list(tile)} is not the exp's rows {list(rows)}")
+    acc = TileAccess(bid, tile, _offsets(_get(raw, "offsets", where), len(tile), where))
+    if acc.uses_iter():
+        raise _err(where, "offsets cannot depend on the loop index")
+    _check_access(acc, buf, grid, 1, where)
+    return acc
+
+
+def _shift_load(
+    raw: Any,
+    inp: TileAccess,
+    bufs: Mapping[int, Buffer],
+    grid: tuple[int, int, int],
+    forloop: int,
+    w: str,
+) -> ShiftLoad:
+    """An input's ``shift_load``: the input tile's rows, one column per ``width`` columns."""
+    where = f"{w} shift_load"
+    buf, bid = _shift_buffer(raw, bufs, where)
+    width = _int(_get(raw, "width", where), where, "width", 1)
+    tile = _dims(_get(raw, "tile", where), where, "tile")
+    if len(tile) != len(inp.tile) or tile[:-1] != inp.tile[:-1] or tile[-1] * width != inp.tile[-1]:
+        raise _err(
+            where,
+            f"tile {list(tile)} with width {width} does not cover the input tile {list(inp.tile)}",
+        )
+    acc = TileAccess(bid, tile, _offsets(_get(raw, "offsets", where), len(tile), where))
+    _check_access(acc, buf, grid, forloop, where)
+    if acc.uses_iter() != inp.uses_iter():
+        raise _err(where, "the maxima must walk the loop exactly when the input does")
+    return ShiftLoad(acc, width)
+
+
+def _shift_carry(
+    raw: Any, inputs: Sequence[TileAccess], ops: Mapping[int, TileOp], where: str
+) -> ShiftCarry | None:
+    """A kernel's ``shift_carry``: exactly its inputs with a ``shift_load``, all walking the
+    loop or none, and sum accumulators to rescale."""
+    shifted = tuple(i for i, a in enumerate(inputs) if a.shift_load is not None)
+    if raw is None:
+        if shifted:
+            raise _err(where, f"inputs {list(shifted)} have a shift_load but no shift_carry")
+        return None
+    w = f"{where} shift_carry"
+    ins = tuple(_int(i, w, "input", 0) for i in _get(raw, "inputs", w))
+    if tuple(sorted(ins)) != shifted or not shifted:
+        raise _err(w, f"inputs {list(ins)} are not the inputs with a shift_load {list(shifted)}")
+    if len({inputs[i].uses_iter() for i in ins}) != 1:
+        raise _err(w, "shifted inputs must all walk the loop or all be loaded once")
+    accs = tuple(_int(a, w, "accum", 0) for a in _get(raw, "accums", w))
+    for a in accs:
+        if a not in ops or ops[a].op != "accum" or ops[a].attr("acc") == "rms":
+            raise _err(w, f"op {a} is not a sum accumulator")
+    return ShiftCarry(ins, accs)
 
 
 def _parse_library(raw: Mapping[str, Any], idx: int, bufs: Mapping[int, Buffer]) -> LibraryKernel:
@@ -615,9 +725,10 @@ def parse_plan(plan: Any) -> Plan:
         raise PlanError(f"kernel plan: expected a JSON object, got {type(plan).__name__}")
     if plan.get("format") != FORMAT:
         raise PlanError(f"kernel plan: format {plan.get('format')!r}, expected {FORMAT!r}")
-    if plan.get("version") != VERSION:
+    version = plan.get("version")
+    if version not in (1, VERSION):
         raise PlanError(
-            f"kernel plan: version {plan.get('version')!r} is not supported by this yirage-cuda "
+            f"kernel plan: version {version!r} is not supported by this yirage-cuda "
             f"(supports {VERSION}); upgrade yirage-cuda"
         )
     bufs: dict[int, Buffer] = {}
@@ -657,8 +768,12 @@ def parse_plan(plan: Any) -> Plan:
             if gk.name in names:
                 raise _err(f"kernel {gk.name!r}", "duplicate kernel name")
             names.add(gk.name)
-            reads = tuple(a.buffer for a in gk.inputs)
-            writes = tuple(a.buffer for a in gk.outputs)
+            reads = tuple(a.buffer for a in gk.inputs) + tuple(
+                a.shift_load.access.buffer for a in gk.inputs if a.shift_load is not None
+            )
+            writes = tuple(a.buffer for a in gk.outputs) + tuple(
+                g.shift_store.buffer for g in gk.safe_softmax if g.shift_store is not None
+            )
             kernels.append(gk)
         else:
             raise _err(f"kernel {i}", f"kind {kind!r} is not 'library' or 'generated'")
@@ -669,5 +784,11 @@ def parse_plan(plan: Any) -> Plan:
     for buf in bufs.values():
         if buf.role == "output" and buf.id not in written:
             raise PlanError(f"kernel plan: output buffer {buf.id} is never written")
+    gens = [k for k in kernels if isinstance(k, GeneratedKernel)]
+    if version == 1 and any(g.scale_outputs for k in gens for g in k.safe_softmax):
+        raise PlanError(
+            "kernel plan: version 1 un-shifts scale_outputs by exp(m) before the store, which "
+            "overflows; lower the graph again with this yirage (version 2 stores them shifted)"
+        )
     text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
     return Plan(str(plan.get("graph_hash", "")), tuple(bufs.values()), tuple(kernels), text)

@@ -57,8 +57,8 @@ def subtile_kernel(k: GeneratedKernel, f: int) -> GeneratedKernel | None:
     """``k`` with every loop chunk cut into ``f`` (``f`` times the iterations), or None where
     that could change the result (see the module docstring)."""
     chunk = _chunk(k)
-    if f < 2 or chunk is None or chunk % f or k.safe_softmax:
-        return None
+    if f < 2 or chunk is None or chunk % f or k.safe_softmax or k.shift_carry is not None:
+        return None  # (a running max's tiles are not cut: their maxima span whole chunks)
     if any(acc.uses_iter() for acc in k.outputs):
         return None
     walk: dict[int, int | None] = {}  # op id -> the dim walking the loop

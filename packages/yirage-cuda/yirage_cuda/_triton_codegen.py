@@ -32,7 +32,13 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
   accumulator is fused into ``tl.dot(a, b, acc)``.
 * ``safe_softmax`` groups keep a running row max ``m``, compute ``exp(x - m)`` and rescale
   their accumulators by ``exp(m_old - m_new)``; outputs listed in ``scale_outputs`` are
-  multiplied by ``exp(m)`` before the store (they overflow fp32 once row maxima exceed ≈ 88).
+  stored shifted and ``m`` is stored at the group's ``shift_store``.
+* A ``shift_carry`` kernel (the reader of shifted partials) is printed as one more running-max
+  group: where its shifted inputs are loaded it loads their maxima (``shift_load``: a column
+  where one max covers a tile's row, so a row needs one exp, else expanded to the columns;
+  each distinct max tile once), raises its running max ``M`` to them, rescales the listed
+  accumulators by ``exp(M_old - M_new)`` and multiplies each shifted tile by ``exp(m - M)``.
+  A row whose maxima are all ``-inf`` (padding) uses 0 for ``M`` so no lane turns NaN.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from yirage_cuda._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton", "loop_split"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-11"
+CODEGEN_VERSION = "triton-12"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -260,9 +266,21 @@ class _KernelPrinter:
         for i, g in enumerate(k.safe_softmax):
             for a in g.accums:
                 self.groups_of_acc.setdefault(a, []).append(i)
+        # the shift carry is one more running-max group, numbered after the safe-softmax ones
+        self.carry_gi = len(k.safe_softmax)
+        self.carry_loads = [
+            o for o in k.ops if o.op == "input" and k.inputs[o.attr("input")].shift_load is not None
+        ]
+        self.carry_emitted = False  # its maxima are loaded in the kernel body printed now
+        self.carry_m: dict[int, str] = {}  # shifted load -> the max tile it is scaled by
+        if k.shift_carry is not None:
+            for a in k.shift_carry.accums:
+                self.groups_of_acc.setdefault(a, []).append(self.carry_gi)
         # buffer params, in first-use order
         self.params: list[int] = []
-        for acc in (*k.inputs, *k.outputs):
+        shifts = [a.shift_load.access for a in k.inputs if a.shift_load is not None]
+        shifts += [g.shift_store for g in k.safe_softmax if g.shift_store is not None]
+        for acc in (*k.inputs, *k.outputs, *shifts):
             if acc.buffer not in self.params:
                 self.params.append(acc.buffer)
         self.invariant = self.k.invariant_ops()
@@ -406,6 +424,23 @@ class _KernelPrinter:
                 raise CodegenError(
                     f"kernel {self.k.name!r}: epilogue exp {g.exp} cannot feed accumulators"
                 )
+        if self.k.shift_carry is None:
+            return
+        rows = {self.pdims[o.id][:-1] for o in self.carry_loads}
+        if len(rows) != 1:
+            raise CodegenError(
+                f"kernel {self.k.name!r}: shifted inputs pad their rows differently {sorted(rows)}"
+            )
+        m_p = self._row_max_shape(self.carry_gi)
+        for a in self.k.shift_carry.accums:
+            acc_p = self.pdims[a]
+            if len(acc_p) != len(m_p) or any(
+                x != 1 and x != y for x, y in zip(m_p, acc_p, strict=True)
+            ):
+                raise CodegenError(
+                    f"kernel {self.k.name!r}: shift_carry row max of shape {list(m_p)} does not "
+                    f"broadcast to accumulator {a} of shape {list(acc_p)}"
+                )
 
     def f32(self, v: _Val) -> str:
         return v.name if v.dtype == "float32" else f"{v.name}.to(tl.float32)"
@@ -464,13 +499,19 @@ class _KernelPrinter:
         return expr
 
     # -- loads and stores ------------------------------------------------------------------
-    def _access(self, acc: TileAccess, pdims: Sequence[int], it: str) -> tuple[str, str | None]:
+    def _access(
+        self, acc: TileAccess, pdims: Sequence[int], it: str, width: int = 1
+    ) -> tuple[str, str | None]:
+        """(pointer, mask) of tile ``acc`` in a ``pdims`` block; with ``width`` > 1 each
+        element of the tile's last dim fills ``width`` consecutive lanes (the maxima of a
+        ``shift_load`` expanded to the columns they belong to)."""
         buf = self.plan.buffer(acc.buffer)
         rank = len(acc.tile)
         wide = buf.numel > _INT32_LIMIT
         terms = []
         masks = []
         for d in range(rank):
+            lanes = acc.tile[d] * (width if d == rank - 1 else 1)
             parts = []
             for t in acc.offsets[d]:
                 var = it if t.var == "iter" else t.var
@@ -480,6 +521,8 @@ class _KernelPrinter:
                     var = f"{var}.to(tl.int64)" if var != "0" else var
                 parts.append(f"{var} * {t.stride}" if t.stride != 1 else var)
             ar = f"tl.arange(0, {pdims[d]})"
+            if d == rank - 1 and width > 1:
+                ar = f"({ar} // {width})"
             if wide:
                 ar = f"{ar}.to(tl.int64)"
             idx = f"({' + '.join(parts)} + {ar})" if parts else ar
@@ -487,8 +530,8 @@ class _KernelPrinter:
             if buf.dims[d] == 1 and pdims[d] == 1:
                 continue
             terms.append(_expand(f"{idx} * {stride}" if stride != 1 else idx, d, rank))
-            if pdims[d] != acc.tile[d]:
-                masks.append(_expand(f"tl.arange(0, {pdims[d]}) < {acc.tile[d]}", d, rank))
+            if pdims[d] != lanes:
+                masks.append(_expand(f"tl.arange(0, {pdims[d]}) < {lanes}", d, rank))
         offs = " + ".join(terms) if terms else "0"
         ptr = f"buf{acc.buffer} + {offs}"
         if not terms or all(p == 1 for p in pdims):
@@ -504,15 +547,58 @@ class _KernelPrinter:
             expr = f"tl.load({ptr}, mask={mask}, other=0.0)"
         else:
             expr = f"tl.load({ptr})"
+        if acc.shift_load is not None:
+            self.emit_carry_update(it)
+            raw = self.fresh("x")
+            self.emit(f"{raw} = {expr}")
+            scale = f"sc{self.carry_m[o.id]}"
+            self.bind(o.id, f"{raw}.to(tl.float32) * {scale}", clean=range(len(o.dims)))
+            return
         self.bind(o.id, expr, dtype=buf.dtype, clean=range(len(o.dims)))
+
+    def emit_carry_update(self, it: str) -> None:
+        """Once per printed body, before its first shifted tile: the maxima of the shifted
+        tiles (``ml<op>``, -inf in padded lanes; loaded once per distinct max tile, as a
+        column where one max covers a tile's row, else expanded to the tile's columns), the
+        running max ``m<G>`` raised to them, ``alpha<G>`` = exp(old - new) when it runs in
+        the loop, ``mz<G>`` (the max with -inf rows, i.e. padding, read as 0) and the scale
+        ``scml<op>`` = exp(m - mz) of each max tile."""
+        if self.carry_emitted:
+            return
+        self.carry_emitted = True
+        gi = self.carry_gi
+        looping = self._group_looping(gi)
+        neg = _fmt_float(-math.inf)
+        new = f"m{gi}" if looping else None
+        loaded: dict[tuple[TileAccess, tuple[int, ...], int], str] = {}
+        for o in self.carry_loads:
+            sl = self.k.inputs[o.attr("input")].shift_load
+            assert sl is not None
+            pd = self.pdims[o.id]
+            column = sl.access.tile[-1] == 1
+            shape = (*pd[:-1], 1) if column else pd
+            width = 1 if column else sl.width
+            key = (sl.access, shape, width)
+            if key not in loaded:
+                name = loaded[key] = f"ml{o.id}"
+                ptr, mask = self._access(sl.access, shape, it, width)
+                load = f"tl.load({ptr}, mask={mask}, other={neg})" if mask else f"tl.load({ptr})"
+                self.emit(f"{name} = {load}")
+                rowmax = name if column else f"tl.max({name}, axis={len(pd) - 1}, keep_dims=True)"
+                new = rowmax if new is None else f"tl.maximum({new}, {rowmax})"
+            self.carry_m[o.id] = loaded[key]
+        self.emit(f"mn{gi} = {new}")
+        self.emit(f"mz{gi} = tl.where(mn{gi} == {neg}, 0.0, mn{gi})")
+        if looping:
+            self.emit(f"alpha{gi} = tl.exp(m{gi} - mz{gi})")
+        self.emit(f"m{gi} = mn{gi}")
+        for name in loaded.values():
+            self.emit(f"sc{name} = tl.exp({name} - mz{gi})")
 
     def emit_store(self, idx: int, acc: TileAccess) -> None:
         buf = self.plan.buffer(acc.buffer)
         v = self.vals[acc.src]  # type: ignore[index]
-        expr = self.f32(v)
-        for gi, g in enumerate(self.k.safe_softmax):
-            if idx in g.scale_outputs:
-                expr = f"({expr}) * tl.exp(m{gi})"
+        expr = self.f32(v)  # scale_outputs are stored shifted (their max goes to shift_store)
         ptr, mask = self._access(acc, v.pdims, "0")
         val = f"({expr}).to({_TL_DTYPE[buf.dtype]})"
         if mask:
@@ -802,8 +888,7 @@ class _KernelPrinter:
 
     def rescaled(self, acc_id: int, acc: str) -> str:
         for gi in self.groups_of_acc.get(acc_id, []):
-            e = self.by_id[self.k.safe_softmax[gi].exp]
-            if e.phase == "loop" and e.id not in self.invariant:
+            if self._group_looping(gi):
                 acc = f"{acc} * alpha{gi}"
         return acc
 
@@ -897,16 +982,29 @@ class _KernelPrinter:
         after = [o for o in hoisted if o.id not in needed]
         return loop_ops, before, after
 
+    def _group_looping(self, gi: int) -> bool:
+        """Whether running-max group ``gi`` (safe-softmax, or the shift carry) moves its max
+        in the loop: its exp runs there, or its shifted tiles walk it."""
+        if gi == self.carry_gi:
+            return bool(self.carry_loads) and self.carry_loads[0].id not in self.invariant
+        e = self.by_id[self.k.safe_softmax[gi].exp]
+        return e.phase == "loop" and e.id not in self.invariant
+
     def _loop_groups(self) -> list[int]:
-        """Safe-softmax groups whose exp runs in the loop (they keep a running max)."""
-        out = []
-        for gi, g in enumerate(self.k.safe_softmax):
-            e = self.by_id[g.exp]
-            if e.phase == "loop" and e.id not in self.invariant:
-                out.append(gi)
-        return out
+        """Running-max groups that keep their max through the loop."""
+        return [gi for gi in range(self.carry_gi + 1) if self._group_looping(gi)]
+
+    def _row_max_dims(self, gi: int) -> tuple[int, ...]:
+        """Logical shape of group ``gi``'s row max."""
+        if gi == self.carry_gi:
+            return (*self.carry_loads[0].dims[:-1], 1)
+        e = self.by_id[self.k.safe_softmax[gi].exp]
+        return (*self.by_id[e.args[0]].dims[:-1], 1)
 
     def _row_max_shape(self, gi: int) -> tuple[int, ...]:
+        """Padded block shape of group ``gi``'s row max."""
+        if gi == self.carry_gi:
+            return (*self.pdims[self.carry_loads[0].id][:-1], 1)
         e = self.by_id[self.k.safe_softmax[gi].exp]
         return (*self.pdims[e.args[0]][:-1], 1)
 
@@ -931,8 +1029,8 @@ class _KernelPrinter:
         absorbed_by = {div: m for m, (div, _, _) in self.scaled.items()}
         out: set[int] = set()
         for o in loop_ops:
-            if o.op != "input" or o.id in self.invariant:
-                continue
+            if o.op != "input" or o.id in self.invariant or o in self.carry_loads:
+                continue  # (a shifted tile's value is its scaled load, not a second read)
             # a quotient printed by its matmul (emit_scaled_dot) counts as that matmul
             users = [
                 self.by_id[absorbed_by.get(c.id, c.id)]
@@ -1005,6 +1103,10 @@ class _KernelPrinter:
                 self.emit_compute(o, "0")
         for i, out in enumerate(self.k.outputs):
             self.emit_store(i, out)
+        for gi, g in enumerate(self.k.safe_softmax):
+            if g.shift_store is not None:
+                ptr, mask = self._access(g.shift_store, self._row_max_shape(gi), "0")
+                self.emit(f"tl.store({ptr}, m{gi}{f', mask={mask}' if mask else ''})")
 
     def print(self) -> list[str]:
         k = self.k
@@ -1061,8 +1163,7 @@ class _KernelPrinter:
             o = self.by_id[int(name[3:])]
             dims, pdims = o.dims, self.pdims[o.id]
         else:
-            e = self.by_id[self.k.safe_softmax[int(name[1:])].exp]
-            dims = (*self.by_id[e.args[0]].dims[:-1], 1)
+            dims = self._row_max_dims(int(name[1:]))
             pdims = self._row_max_shape(int(name[1:]))
         r = len(pdims)
         conds = [
@@ -1187,6 +1288,7 @@ class _KernelPrinter:
         part = head + self.lines
         # combine kernel: a fresh printer state for the second kernel
         self.lines, self.vals, self.indent = [], {}, 1
+        self.carry_emitted = False
         head = self._head(f"{k.name}_combine", ", ws")
         self.emit(f"# combine {split} partial states of {k.name}, then its epilogue")
         self.emit("bx = tl.program_id(0)")

@@ -1,4 +1,4 @@
-//! Lowering of a µGraph to a KernelPlan (format `yirage.kernel_plan`, version 1).
+//! Lowering of a µGraph to a KernelPlan (format `yirage.kernel_plan`, version 2).
 //!
 //! The plan is the contract with every code generator; `docs/kernel-plan.md` is its
 //! specification and this module its only producer. It makes the schedule explicit
@@ -21,10 +21,13 @@ use crate::shape::numel;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod shift_carry;
+pub use shift_carry::{ShiftCarry, ShiftLoad, ShiftStore};
+
 /// Format name of a plan document.
 pub const FORMAT: &str = "yirage.kernel_plan";
 /// Format version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes per element of intermediate buffers (fp32 regardless of the graph dtype).
 pub const INTERMEDIATE_BYTES: usize = 4;
 
@@ -89,6 +92,9 @@ pub struct GeneratedKernel {
     pub ops: Vec<TileOp>,
     pub outputs: Vec<TileOut>,
     pub safe_softmax: Vec<SafeSoftmax>,
+    /// Undoing of shifted partial inputs (module `shift_carry`, docs/kernel-plan.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shift_carry: Option<ShiftCarry>,
     pub smem_bytes: u64,
 }
 
@@ -107,6 +113,9 @@ pub struct TileIo {
     pub dims: Vec<usize>,
     pub tile: Vec<usize>,
     pub offsets: Vec<Vec<Offset>>,
+    /// Maxima of a shifted partial input (module `shift_carry`, docs/kernel-plan.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shift_load: Option<ShiftLoad>,
 }
 
 /// An output tile store.
@@ -153,7 +162,10 @@ pub struct TileOp {
 pub struct SafeSoftmax {
     pub exp: usize,
     pub accums: Vec<usize>,
+    /// Outputs stored shifted by `exp(−m)` (degree 1), with `m` stored at `shift_store`.
     pub scale_outputs: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shift_store: Option<ShiftStore>,
 }
 
 impl KernelPlan {
@@ -744,6 +756,7 @@ pub fn safe_softmax_groups(bg: &BlockGraph) -> Result<Vec<SafeSoftmax>> {
             exp: e,
             accums,
             scale_outputs,
+            shift_store: None,
         });
     }
     Ok(groups)
@@ -831,6 +844,7 @@ fn generated_kernel(
                     dims: kernel_dims.clone(),
                     tile: geo.tile_dims,
                     offsets,
+                    shift_load: None,
                 });
                 o.op = "input".into();
                 o.input = Some(k);
@@ -928,6 +942,7 @@ fn generated_kernel(
         ops: plan_ops,
         outputs,
         safe_softmax: safe_softmax_groups(bg)?,
+        shift_carry: None,
         smem_bytes: smem,
     })
 }
@@ -960,13 +975,14 @@ pub fn lower(g: &KernelGraph, spec: &DeviceSpec) -> Result<KernelPlan> {
             }
         }
     }
-    Ok(KernelPlan {
+    let plan = KernelPlan {
         format: FORMAT.into(),
         version: VERSION,
         graph_hash: crate::json::hash(g),
         buffers: m.buffers,
         kernels,
-    })
+    };
+    shift_carry::carried(plan, spec)
 }
 
 #[cfg(test)]
