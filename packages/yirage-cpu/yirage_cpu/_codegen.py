@@ -44,7 +44,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from yirage._errors import BackendError
+from yirage.plugin import BackendError
 
 __all__ = [
     "PLAN_FORMAT",
@@ -1483,10 +1483,44 @@ class _LibraryPrinter:
         expr = unary_expr(
             str(self.params.get("op")), [float(v) for v in self.params.get("params", [])], "yr_v"
         )
+        if "shift_dims" in self.params:
+            self._shifted_exp(w, x)
+            return
         w(self._par(n, " simd"))
         with w.block(f"for (int64_t i = 0; i < {n}; ++i)"):
             w(f"const float yr_v = {self._load(x, 'i')};")
             w(self._store("i", expr))
+
+    def _shifted_exp(self, w: _Writer, x: int) -> None:
+        """``exp(x - m)``, m the max over ``shift_dims`` (0 where that max is not finite, so
+        infinities and NaNs behave as in the unshifted exp): the plan puts it where the factor
+        ``exp(-m)`` cancels before any output (docs/kernel-plan.md)."""
+        if self.params.get("op") != "exp":
+            raise CodegenError(f"shift_dims on a {self.params.get('op')!r} library kernel")
+        dims = _pad_dims(self._dims(x), 4)
+        rank = len(self._dims(x))
+        shifted = {int(d) % rank + 4 - rank for d in self.params["shift_dims"]}
+        mdims = tuple(1 if k in shifted else e for k, e in enumerate(dims))
+        mstride = tuple(0 if k in shifted else s for k, s in enumerate(_row_major(mdims)))
+        idx = [f"i{k}" for k in range(4)]
+        flat = " + ".join(f"{i} * {s}" for i, s in zip(idx, _row_major(dims), strict=True))
+        mflat = " + ".join(f"{i} * {s}" for i, s in zip(idx, mstride, strict=True) if s) or "0"
+        loops = [f"for (int64_t {i} = 0; {i} < {e}; ++{i})" for i, e in zip(idx, dims, strict=True)]
+        w(f"float *yr_m = (float *)malloc({_prod(mdims)} * sizeof(float));")
+        w("if (!yr_m) return 1;")
+        w(f"for (int64_t j = 0; j < {_prod(mdims)}; ++j) yr_m[j] = -INFINITY;")
+        for loop in loops:
+            w(loop)
+        with w.block(""):
+            w(f"const float yr_v = {self._load(x, flat)};")
+            w(f"if (yr_v > yr_m[{mflat}]) yr_m[{mflat}] = yr_v;")
+        w(f"for (int64_t j = 0; j < {_prod(mdims)}; ++j) if (!isfinite(yr_m[j])) yr_m[j] = 0.0f;")
+        w(self._par(_prod(dims), " collapse(4)"))
+        for loop in loops:
+            w(loop)
+        with w.block(""):
+            w(self._store(flat, f"expf({self._load(x, flat)} - yr_m[{mflat}])"))
+        w("free(yr_m);")
 
     def _binary(self, w: _Writer) -> None:
         a, b = self.ins

@@ -36,11 +36,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from yirage import Backend, DeviceSpec, ProbeResult, VerificationLevel, _cache, _env
-from yirage._errors import BackendError
-from yirage._logging import get_logger
-from yirage._superoptimize import PRUNE_AFTER_ROUNDS, PRUNE_RATIO, pick_cold_tie
-from yirage_cuda import _device_spec, _probe, _toolchain, _verification
+from yirage import plugin
+from yirage.plugin import (
+    PRUNE_AFTER_ROUNDS,
+    PRUNE_RATIO,
+    Backend,
+    BackendError,
+    DeviceSpec,
+    ProbeResult,
+    VerificationLevel,
+    get_logger,
+    pick_cold_tie,
+)
+from yirage_cuda import _device_spec, _env, _probe, _toolchain, _verification
 from yirage_cuda._cuda_codegen import CudaCppOptions, CudaCppSource, generate_cuda
 from yirage_cuda._plan import Plan, parse_plan
 from yirage_cuda._runtime import (
@@ -219,7 +227,7 @@ class CudaBackend(Backend):
     #: equal the installed yirage's PLUGIN_API and the registry's mismatch check could never
     #: fire; declared, a yirage of another major API version refuses this package with an
     #: error naming the versions to install.
-    plugin_api = (1, 0)
+    plugin_api = (1, 1)
     distribution = "yirage-cuda"
     source_suffix = ".py"
 
@@ -470,7 +478,7 @@ class CudaBackend(Backend):
     def _pdl(self) -> bool:
         """Programmatic dependent launch: on sm_90 and newer with a Triton that prints it,
         unless ``YIRAGE_CUDA_PDL=0`` (the interpreter has no grids to overlap)."""
-        if self.interpret or not _env.cuda_pdl():
+        if self.interpret or not _env.pdl_enabled():
             return False
         info = _toolchain.device_info()
         return info is not None and info.cc >= (9, 0) and _toolchain.triton_has_pdl()
@@ -489,7 +497,7 @@ class CudaBackend(Backend):
             )
         t0 = time.perf_counter()
         key = _toolchain._triton_key(source.triton.text, source.triton.codegen_version)
-        hit = _cache.entry_path("cuda-triton", key, ".py").is_file()
+        hit = plugin.entry_path("cuda-triton", key, ".py").is_file()
         path = _toolchain.write_triton_module(source.triton.text, source.triton.codegen_version)
         art = CudaArtifact(source, path, self.interpret, cache_hit=hit)
         for name, src in source.triton_variants.items():
@@ -722,13 +730,13 @@ class CudaBackend(Backend):
             "version": self.package_version,
             "codegen": CODEGEN_VERSION,  # what each variant name prints
         }
-        return _cache.entry_path("cuda-variant", parts, ".json")
+        return plugin.entry_path("cuda-variant", parts, ".json")
 
     def _remembered_variant(self, plan: Plan) -> str | None:
         if self.interpret:
             return None
         try:
-            data = _cache.read_json(self._variant_path(plan))
+            data = plugin.read_json(self._variant_path(plan))
         except Exception:
             return None
         return str(data["variant"]) if data and "variant" in data else None
@@ -736,8 +744,8 @@ class CudaBackend(Backend):
     def _remember_variant(self, plan: Plan, variant: str, timings: dict[str, float]) -> None:
         try:
             path = self._variant_path(plan)
-            with _cache.locked(path):
-                _cache.write_json(path, {"variant": variant, "timings_us": timings})
+            with plugin.locked(path):
+                plugin.write_json(path, {"variant": variant, "timings_us": timings})
         except Exception:
             pass
 

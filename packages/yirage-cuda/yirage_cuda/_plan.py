@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from yirage._errors import BackendError, SerializationError
+from yirage.plugin import BackendError, SerializationError
 
 __all__ = [
     "ACCUMS",

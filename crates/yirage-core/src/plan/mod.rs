@@ -21,6 +21,8 @@ use crate::shape::numel;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod exp_shift;
+pub use exp_shift::{exp_shifts, unsafe_exp_into_kernel};
 mod shift_carry;
 pub use shift_carry::{ShiftCarry, ShiftLoad, ShiftStore};
 
@@ -947,13 +949,27 @@ fn generated_kernel(
     })
 }
 
+/// Lower a search candidate: as [`lower`], but a candidate in which an exp that cannot be
+/// shifted enters a generated kernel unshifted is rejected (it would overflow where the
+/// graph's value is finite), so the search does not offer it.
+pub fn lower_candidate(g: &KernelGraph, spec: &DeviceSpec) -> Result<KernelPlan> {
+    if unsafe_exp_into_kernel(g, &exp_shifts(g)) {
+        return Err(CoreError::Mapping(
+            "kernel plan: an exp without a max shift feeds a generated kernel (overflow-unsafe)"
+                .into(),
+        ));
+    }
+    lower(g, spec)
+}
+
 /// Lower `g` to a KernelPlan validated against `spec`.
 pub fn lower(g: &KernelGraph, spec: &DeviceSpec) -> Result<KernelPlan> {
     g.check_complete()?;
     let m = buffers(g)?;
+    let shifts = exp_shifts(g);
     let mut kernels = vec![];
     let mut generated = 0;
-    for op in g.ops() {
+    for (i, op) in g.ops().iter().enumerate() {
         let ins: Vec<usize> = op
             .kind
             .operands()
@@ -969,8 +985,11 @@ pub fn lower(g: &KernelGraph, spec: &DeviceSpec) -> Result<KernelPlan> {
                 kernels.push(PlanKernel::Generated(k));
             }
             kind => {
-                let k = library_kernel(kind, ins, outs, g.world_size())
+                let mut k = library_kernel(kind, ins, outs, g.world_size())
                     .ok_or_else(|| CoreError::Graph("kernel plan: unexpected op".into()))?;
+                if let Some(dims) = shifts.get(&i) {
+                    k.params["shift_dims"] = json!(dims); // exp(x - max over dims)
+                }
                 kernels.push(PlanKernel::Library(k));
             }
         }

@@ -38,7 +38,7 @@ use crate::error::{CoreError, Result};
 use crate::fingerprint::{with_threads, TrialCheck};
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
 use crate::ops::{BinaryOp, UnaryOp};
-use crate::plan::{graph_profiles, lower, KernelPlan};
+use crate::plan::{graph_profiles, lower, lower_candidate, KernelPlan};
 use crate::shape::Dims;
 use expr::{RecBuilder, TargetExprs};
 use kernel::{KOp, KTensor, LibOp, Memo, Skeleton};
@@ -142,7 +142,7 @@ fn lookahead(
             continue;
         };
         let h = crate::json::hash(&g);
-        if known(&h) || out.iter().any(|(o, _)| *o == h) || lower(&g, spec).is_err() {
+        if known(&h) || out.iter().any(|(o, _)| *o == h) || lower_candidate(&g, spec).is_err() {
             continue;
         }
         out.push((h, g));
@@ -976,7 +976,7 @@ fn search_in_pool(
             continue;
         }
         same_tiling.push(predicted_us);
-        if lower(&g, spec).is_err() {
+        if lower_candidate(&g, spec).is_err() {
             plan_rejects += 1;
             p.rejected.fetch_add(1, Ordering::Relaxed);
             continue;

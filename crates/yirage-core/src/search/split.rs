@@ -16,7 +16,7 @@ use crate::cost::DeviceSpec;
 use crate::error::{CoreError, Result};
 use crate::fingerprint::TrialCheck;
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
-use crate::plan::lower;
+use crate::plan::lower_candidate;
 use crate::search::{SearchConfig, SearchControl};
 use std::collections::HashSet;
 use std::time::Instant;
@@ -294,7 +294,7 @@ pub(super) fn search_split(
             continue;
         };
         let h = crate::json::hash(&g);
-        if !seen.insert(h.clone()) || lower(&g, spec).is_err() {
+        if !seen.insert(h.clone()) || lower_candidate(&g, spec).is_err() {
             continue;
         }
         if target_fp.is_none() {
@@ -371,6 +371,7 @@ mod tests {
     use super::*;
     use crate::fingerprint::fingerprint;
     use crate::ops::UnaryOp;
+    use crate::plan::lower;
     use crate::DType;
 
     #[test]
