@@ -304,6 +304,7 @@ fn binary_sign(op: BinaryOp, ids: (usize, usize), a: Sign, b: Sign) -> Sign {
     match op {
         BinaryOp::Add if a >= NonNeg && b >= NonNeg => a.max(b),
         BinaryOp::Mul if ids.0 == ids.1 => a.max(NonNeg),
+        BinaryOp::Div if ids.0 == ids.1 => Pos, // x / x: 1 (NaN at 0)
         BinaryOp::Mul | BinaryOp::Div => a.min(b),
         BinaryOp::Pow => a,
         _ => Any,

@@ -237,15 +237,34 @@ fn ball_add(a: Ball, b: Ball) -> Ball {
         |x| x[0] + x[1],
         || {
             let v = a.v + b.v;
-            // a sum that rounds to 0 is exact (gradual underflow), so exact zeros stay exact
-            let r = a.r + b.r;
-            if v == 0.0 {
-                Ball { v, r }
-            } else {
-                Ball::rounded(v, r, false)
-            }
+            // TwoSum: the rounding error of the sum, exactly (exact sums stay exact)
+            let bb = v - a.v;
+            let err = (a.v - (v - bb)) + (b.v - bb);
+            exact_rounding(v, a.r + b.r, err.abs(), false)
         },
     )
+}
+
+/// A rounded result `v` with propagated radius `r` and the op's own rounding error `err`
+/// (known exactly, so results that need no rounding stay exact); `underflow` adds one
+/// subnormal step. Unknown when `v` or the radius overflowed.
+fn exact_rounding(v: f64, r: f64, err: f64, underflow: bool) -> Ball {
+    let tiny = if underflow {
+        f64::MIN_POSITIVE * U
+    } else {
+        0.0
+    };
+    // r's own rounding: a relative 4U on top
+    let r = if r == 0.0 {
+        err + tiny
+    } else {
+        (r + err) * (1.0 + 4.0 * U) + tiny
+    };
+    if v.is_finite() && r.is_finite() {
+        Ball { v, r }
+    } else {
+        Ball::UNKNOWN
+    }
 }
 
 /// `a · b`.
@@ -256,11 +275,10 @@ fn ball_mul(a: Ball, b: Ball) -> Ball {
         || {
             let v = a.v * b.v;
             let r = a.v.abs() * b.r + b.v.abs() * a.r + a.r * b.r;
-            if (a.v == 0.0 && a.r == 0.0) || (b.v == 0.0 && b.r == 0.0) {
-                Ball { v, r } // a product with an exact zero is exact
-            } else {
-                Ball::rounded(v, r, true)
-            }
+            // the product's rounding error, exactly (fma), unless it underflowed
+            let err = a.v.mul_add(b.v, -v).abs();
+            let underflow = v.abs() < f64::MIN_POSITIVE && a.v != 0.0 && b.v != 0.0;
+            exact_rounding(v, r, err, underflow)
         },
     )
 }
@@ -372,7 +390,8 @@ fn ball_exp(a: Ball) -> Ball {
 }
 
 /// `pow(a, b)` (powf): exact operands give the rounded result; inexact ones need a > 0 (the
-/// function is monotone in each argument there, so the corners bound it).
+/// function is monotone in each argument there, so the corners bound it), or a < 0 with no
+/// integer exponent in b's interval (NaN).
 fn ball_pow(a: Ball, b: Ball) -> Ball {
     lift(
         &[a, b],
@@ -385,6 +404,14 @@ fn ball_pow(a: Ball, b: Ball) -> Ball {
                 } else {
                     Ball::rounded(v, 2.0 * U * v.abs(), true)
                 };
+            }
+            if a.v == 0.0 && a.r == 0.0 && (b.v - b.r > 0.0 || b.v + b.r < 0.0) {
+                // 0^b: 0 for b > 0, +∞ for b < 0
+                return Ball::exact(a.v.powf(b.v));
+            }
+            if a.v + a.r < 0.0 && (b.v - b.r).ceil() > b.v + b.r {
+                // a negative base and no integer exponent in the interval: NaN
+                return Ball::exact(f64::NAN);
             }
             if a.v - a.r <= 0.0 {
                 return Ball::UNKNOWN;

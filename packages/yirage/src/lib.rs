@@ -550,7 +550,8 @@ fn decode_f64(
         .collect()
 }
 
-/// Fingerprint equivalence; raises ShapeError when the input signatures differ.
+/// Fingerprint equivalence with the float64 cross-check; raises ShapeError when the input
+/// signatures differ.
 #[pyfunction]
 #[pyo3(signature = (a, b, trials = 2, seed = 0))]
 fn equivalent(

@@ -155,10 +155,12 @@ class KernelGraph:
         """Stable content hash (hex) of the canonical JSON."""
 
 def equivalent(a: KernelGraph, b: KernelGraph, trials: int = 2, seed: int = 0) -> bool:
-    """Fingerprint equivalence; raises ShapeError when the input signatures differ."""
+    """Fingerprint equivalence checked by a float64 cross-check (docs/fingerprints.md);
+    raises ShapeError when the input signatures differ."""
 
 def field_info() -> dict[str, int]:
-    """The fingerprint field's parameters: {"p": ..., "q": ..., "g": ...}."""
+    """The fingerprint field's parameters: {"p": ..., "q": ..., "g": ...} (g: the base of
+    whose seeded powers each trial takes exp's base)."""
 
 @final
 class SearchCandidate:

@@ -598,7 +598,12 @@ def new_threadblock_graph(
 
 
 def equivalent(g1: KernelGraph, g2: KernelGraph, trials: int = 2, seed: int = 0) -> bool:
-    """True when the two graphs' fingerprints agree on ``trials`` seeded random inputs.
+    """True when the two graphs compute the same function, judged by their finite-field
+    fingerprints on ``trials`` seeded random inputs and a float64 cross-check on random
+    inputs (docs/fingerprints.md). Different functions are told apart except with
+    probability about 1/p per trial (p ≈ 6.7e7); False also where neither check can confirm
+    equality (e.g. graphs that divide by a value that is zero for every input and are NaN
+    there).
 
     Raises ShapeError when the graphs' input signatures or world sizes differ."""
     for name, g in (("g1", g1), ("g2", g2)):
