@@ -14,8 +14,10 @@
 //! An exp that cannot be shifted but whose value reaches a generated kernel makes the
 //! candidate overflow-unsafe ([`unsafe_exp_into_kernel`]); the search does not offer it.
 
+use crate::block_graph::{BlockGraph, BlockOpKind};
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
 use crate::ops::{BinaryOp, UnaryOp};
+use crate::plan::safe_softmax_groups;
 use std::collections::BTreeMap;
 
 /// The factor a tensor carries: shifted exp op index → (degree, shape of its `m`).
@@ -46,26 +48,60 @@ pub fn exp_shifts(g: &KernelGraph) -> BTreeMap<usize, Vec<usize>> {
     accepted
 }
 
-/// True when a library `exp` that gets no shift feeds (through library ops) a generated
-/// kernel: its unshifted value leaves a kernel boundary into a fused computation, which is
-/// how `exp ; custom[sum] ; div` forms overflow. Such candidates are not offered.
+/// True when an unshifted exp value leaves one kernel for another, where it can overflow
+/// although the graph's value is finite: a library `exp` without a shift that reaches (through
+/// library ops) a generated kernel (`exp ; custom[sum] ; div`), or a generated kernel's output
+/// computed from an exp outside any running-max group (an exp after the loop) that any further
+/// kernel reads. Such candidates are not offered; a graph output may still carry one (the
+/// overflow is then the graph's own).
 pub fn unsafe_exp_into_kernel(g: &KernelGraph, shifts: &BTreeMap<usize, Vec<usize>>) -> bool {
-    let ops = g.ops();
-    let mut tainted = vec![false; g.num_tensors()];
-    for (i, op) in ops.iter().enumerate() {
-        let from_exp = is_exp(&op.kind) && !shifts.contains_key(&i);
+    #[derive(Clone, Copy, PartialEq)]
+    enum Raw {
+        No,
+        Library,
+        Kernel,
+    }
+    let mut raw = vec![Raw::No; g.num_tensors()];
+    for (i, op) in g.ops().iter().enumerate() {
         let operands = op.kind.operands();
-        let reads_tainted = operands.iter().any(|&t| tainted[t]);
-        if reads_tainted && matches!(op.kind, KernelOpKind::Customized { .. }) {
+        let read = |r: Raw| operands.iter().any(|&t| raw[t] == r);
+        let fused = matches!(op.kind, KernelOpKind::Customized { .. });
+        if read(Raw::Kernel) || (fused && read(Raw::Library)) {
             return true;
         }
-        if from_exp || reads_tainted {
+        if let KernelOpKind::Customized { graph, .. } = &op.kind {
+            for (k, unshifted) in outputs_with_raw_exp(graph).into_iter().enumerate() {
+                if unshifted {
+                    raw[op.outs[k]] = Raw::Kernel;
+                }
+            }
+        } else if read(Raw::Library) || (is_exp(&op.kind) && !shifts.contains_key(&i)) {
             for &t in &op.outs {
-                tainted[t] = true;
+                raw[t] = Raw::Library;
             }
         }
     }
     false
+}
+
+/// Per block output: whether it is computed from an exp that no safe-softmax group covers.
+fn outputs_with_raw_exp(bg: &BlockGraph) -> Vec<bool> {
+    let covered: Vec<usize> = safe_softmax_groups(bg)
+        .map(|gs| gs.iter().map(|g| g.exp).collect())
+        .unwrap_or_default();
+    let ops = bg.ops();
+    let mut raw = vec![false; ops.len()];
+    for (i, op) in ops.iter().enumerate() {
+        let exp = matches!(
+            op,
+            BlockOpKind::Unary {
+                op: UnaryOp::Exp,
+                ..
+            }
+        );
+        raw[i] = (exp && !covered.contains(&i)) || op.operands().iter().any(|&t| raw[t]);
+    }
+    bg.outputs().iter().map(|o| raw[o.tile]).collect()
 }
 
 fn is_exp(kind: &KernelOpKind) -> bool {
@@ -183,7 +219,6 @@ fn combine(mut fa: Factor, fb: Factor, sign: i32) -> Option<Factor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block_graph::BlockGraph;
     use crate::cost::DeviceSpec;
     use crate::dtype::DType;
     use crate::ops::AccumKind;
@@ -296,5 +331,28 @@ mod tests {
             PlanKernel::Library(l) => l.params.get("shift_dims").is_none(),
             PlanKernel::Generated(_) => true,
         }));
+    }
+
+    #[test]
+    fn a_kernel_output_from_an_exp_after_the_loop_may_not_feed_another_kernel() {
+        // custom[accum x ; exp] then a library row sum and div: the exp leaves unshifted
+        let mut g = KernelGraph::new();
+        let x = g.new_input(&[8, 64], DType::F32).unwrap();
+        let mut bg = BlockGraph::new([8, 1, 1], [128, 1, 1], 1, 1).unwrap();
+        let tx = bg.new_input(&[8, 64], DType::F32, [0, -1, -1], -1).unwrap();
+        let acc = bg.forloop_accum(tx, AccumKind::Iter).unwrap();
+        let e = bg.unary(UnaryOp::Exp, acc).unwrap();
+        bg.new_output(e, [0, -1, -1]).unwrap();
+        let out = g.customized(&[x], &bg).unwrap();
+        let s = g.reduction(out[0], 1).unwrap();
+        let o = g.binary(BinaryOp::Div, out[0], s).unwrap();
+        g.mark_output(o).unwrap();
+        assert!(unsafe_exp_into_kernel(&g, &exp_shifts(&g)));
+        // the same kernel whose exp is the graph's output is fine
+        let mut g = KernelGraph::new();
+        let x = g.new_input(&[8, 64], DType::F32).unwrap();
+        let out = g.customized(&[x], &bg).unwrap();
+        g.mark_output(out[0]).unwrap();
+        assert!(!unsafe_exp_into_kernel(&g, &exp_shifts(&g)));
     }
 }
