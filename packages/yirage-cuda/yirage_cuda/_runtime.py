@@ -8,7 +8,7 @@ Profiling (:func:`profile`) times with CUDA events: warm-up launches, then ``rep
 launches, each after an L2 flush (a write over a buffer twice the L2 size, outside the timed
 region) and on rotating sets of fresh random inputs; the median is reported. It also captures
 the launcher in a CUDA graph and reports the median graph-replay time (launch overhead
-excluded), which is how TARGETS.md states its numbers.
+excluded), which is how the benchmark targets are stated.
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ def time_callable(
 
     Each graph holds ``calls_per_graph`` back-to-back calls (cycling the input sets) and the
     replay time is divided by that count, so launch gaps are excluded as in the benchmark
-    (and TARGETS.md); L2 is flushed before each launch or replay, not between the calls of
+    and its targets; L2 is flushed before each launch or replay, not between the calls of
     one replay. Returns (launch times, graph replay times or None, graph error or None)."""
     torch = _torch()
     dev = input_sets[0][0].device if input_sets and input_sets[0] else torch.device("cuda")
