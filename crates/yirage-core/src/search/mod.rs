@@ -1,4 +1,4 @@
-//! The superoptimizer's search (ARCHITECTURE.md §5).
+//! The superoptimizer's search.
 //!
 //! Pipeline:
 //! 1. **Target preprocessing**: every target tensor gets an abstract expression
