@@ -296,7 +296,8 @@ def _unary(op: str, x: Arr) -> Arr:
         "rsqrt": lambda v: one / np.sqrt(v),
         "silu": lambda v: v / (one + np.exp(-v)),
         "gelu": lambda v: v / 2 * (one + _ERF(v.astype(float) / math.sqrt(2)).astype(v.dtype)),
-        "relu": lambda v: np.where(v > 0, v, 0 * v),
+        # the reference's relu: x if x > 0 else 0, so relu(NaN) = 0
+        "relu": lambda v: np.where(v > 0, v, v.dtype.type(0)),
         "sigmoid": lambda v: one / (one + np.exp(-v)),
         "tanh": np.tanh,
         "neg": lambda v: -v,
@@ -307,37 +308,51 @@ def _unary(op: str, x: Arr) -> Arr:
 def evaluate(p: Program, xs: Sequence[Arr]) -> Arr:
     """numpy evaluation of the program's output in the inputs' dtype (an independent
     implementation of the reference semantics)."""
+    return evaluate_flagged(p, xs)[0]
+
+
+def evaluate_flagged(p: Program, xs: Sequence[Arr]) -> tuple[Arr, bool]:
+    """``evaluate`` and whether an op overflowed on the way."""
+    overflowed: list[object] = []
     vals: list[Arr] = []
-    with np.errstate(all="ignore"):
-        for n in p.nodes:
-            a = [vals[k] for k in n.args]
-            if n.op == "input":
-                vals.append(xs[len(vals)])
-            elif n.op in UNARY:
-                vals.append(_unary(n.op, a[0]))
-            elif n.op == "mul_scalar":
-                vals.append(a[0] * a[0].dtype.type(n.param))
-            elif n.op == "add":
-                vals.append(a[0] + a[1])
-            elif n.op == "sub":
-                vals.append(a[0] - a[1])
-            elif n.op == "mul":
-                vals.append(a[0] * a[1])
-            elif n.op == "div":
-                vals.append(a[0] / a[1])
-            elif n.op == "pow":
-                vals.append(np.power(a[0], a[1]))
-            elif n.op == "matmul":
-                vals.append(a[0] @ a[1])
-            elif n.op == "reduction":
-                vals.append(a[0].sum(axis=int(n.param), keepdims=True))
-            elif n.op == "rms_norm":
-                ms = (a[0] * a[0]).mean(axis=1, keepdims=True)
-                vals.append(a[0] / np.sqrt(ms + a[0].dtype.type(n.param)))
-            elif n.op == "softmax":
-                e = np.exp(a[0])
-                vals.append(e / e.sum(axis=1, keepdims=True))
-    return vals[-1]
+    old = np.seterrcall(lambda err, flag: overflowed.append(err))
+    try:
+        with np.errstate(all="ignore", over="call"):
+            _run(p, xs, vals)
+    finally:
+        np.seterrcall(old)
+    return vals[-1], bool(overflowed)
+
+
+def _run(p: Program, xs: Sequence[Arr], vals: list[Arr]) -> None:
+    for n in p.nodes:
+        a = [vals[k] for k in n.args]
+        if n.op == "input":
+            vals.append(xs[len(vals)])
+        elif n.op in UNARY:
+            vals.append(_unary(n.op, a[0]))
+        elif n.op == "mul_scalar":
+            vals.append(a[0] * a[0].dtype.type(n.param))
+        elif n.op == "add":
+            vals.append(a[0] + a[1])
+        elif n.op == "sub":
+            vals.append(a[0] - a[1])
+        elif n.op == "mul":
+            vals.append(a[0] * a[1])
+        elif n.op == "div":
+            vals.append(a[0] / a[1])
+        elif n.op == "pow":
+            vals.append(np.power(a[0], a[1]))
+        elif n.op == "matmul":
+            vals.append(a[0] @ a[1])
+        elif n.op == "reduction":
+            vals.append(a[0].sum(axis=int(n.param), keepdims=True))
+        elif n.op == "rms_norm":
+            ms = (a[0] * a[0]).mean(axis=1, keepdims=True)
+            vals.append(a[0] / np.sqrt(ms + a[0].dtype.type(n.param)))
+        elif n.op == "softmax":
+            e = np.exp(a[0])
+            vals.append(e / e.sum(axis=1, keepdims=True))
 
 
 def random_inputs(rng: np.random.Generator) -> list[npt.NDArray[np.float64]]:
@@ -365,13 +380,14 @@ def judge(a: Program, b: Program, draws: Sequence[Sequence[npt.NDArray[np.float6
     for xs in draws:
         a64, b64 = evaluate(a, xs), evaluate(b, xs)
         ext = [x.astype(np.longdouble) for x in xs]
-        a80, b80 = evaluate(a, ext), evaluate(b, ext)
+        (a80, over_a), (b80, over_b) = evaluate_flagged(a, ext), evaluate_flagged(b, ext)
         if a64.shape != b64.shape:
             return "different"
         s = _scale(a64, b64)
         with np.errstate(all="ignore"):
-            cond_a = _same_class(a64, a80) | (np.abs(a64 - a80) <= 1e-9 * s)
-            cond_b = _same_class(b64, b80) | (np.abs(b64 - b80) <= 1e-9 * s)
+            # a graph that overflows even in extended precision is judged nowhere
+            cond_a = (_same_class(a64, a80) | (np.abs(a64 - a80) <= 1e-9 * s)) & (not over_a)
+            cond_b = (_same_class(b64, b80) | (np.abs(b64 - b80) <= 1e-9 * s)) & (not over_b)
             both = cond_a & cond_b
             finite = np.isfinite(a64) & np.isfinite(b64)
             gap = np.where(finite, np.abs(a64 - b64), np.inf)

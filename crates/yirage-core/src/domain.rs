@@ -37,6 +37,11 @@ pub trait Domain: Sync {
     /// An elementwise unary op as a function (parameters are embedded once here); `sqrt` and
     /// `rsqrt` here take arguments known to be ≥ 0.
     fn unary_fn<'a>(&'a self, op: UnaryOp) -> Box<dyn Fn(Self::V) -> Self::V + Send + Sync + 'a>;
+    /// `a − a` of one tensor with itself (exactly 0 in real arithmetic where `a` is finite;
+    /// the f64 balls would otherwise widen it).
+    fn sub_self(&self, a: Self::V) -> Self::V {
+        self.binary(BinaryOp::Sub, a, a)
+    }
     /// An elementwise binary op.
     fn binary(&self, op: BinaryOp, a: Self::V, b: Self::V) -> Self::V;
     /// Whether `a / b` is exactly `a · recip(b)` here (the field; not f64, which rounds),

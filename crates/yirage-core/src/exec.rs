@@ -196,9 +196,7 @@ fn run_op<D: Domain>(
         }
         KernelOpKind::Matmul { a, b } => one(dense::matmul(d, get(vals, *a)?, get(vals, *b)?)),
         KernelOpKind::Unary { op, x } => one(unary_signed(d, *op, get(vals, *x)?, signs[*x])),
-        KernelOpKind::Binary { op, a, b } => {
-            one(dense::binary(d, *op, get(vals, *a)?, get(vals, *b)?))
-        }
+        KernelOpKind::Binary { op, a, b } => one(binary_op(d, *op, (*a, *b), vals)?),
         KernelOpKind::Reduction { x, dim } => one(dense::reduce_sum(d, get(vals, *x)?, *dim)),
         KernelOpKind::RmsNorm {
             x,
@@ -246,6 +244,21 @@ fn run_op<D: Domain>(
             run_block_graph_signed(d, graph, &ins, &in_signs)
         }
     }
+}
+
+/// Elementwise binary op on values `ids`; `x − x` of one value goes through
+/// [`Domain::sub_self`].
+fn binary_op<D: Domain, T: Borrow<Dense<D::V>>>(
+    d: &D,
+    op: BinaryOp,
+    ids: (usize, usize),
+    vals: &[Option<T>],
+) -> Result<Dense<D::V>> {
+    let a = get(vals, ids.0)?;
+    if op == BinaryOp::Sub && ids.0 == ids.1 {
+        return Ok(map_elems(a, |v| d.sub_self(v)));
+    }
+    Ok(dense::binary(d, op, a, get(vals, ids.1)?))
 }
 
 /// Elementwise unary op; `sqrt`/`rsqrt` of a value not known to be ≥ 0 (by `sign`) go
@@ -473,7 +486,7 @@ fn compute_tile<D: Domain>(
     Ok(match op {
         BlockOpKind::Matmul { a, b } => dense::matmul(d, get(vals, *a)?, get(vals, *b)?),
         BlockOpKind::Unary { op, x } => unary_signed(d, *op, get(vals, *x)?, signs[*x]),
-        BlockOpKind::Binary { op, a, b } => dense::binary(d, *op, get(vals, *a)?, get(vals, *b)?),
+        BlockOpKind::Binary { op, a, b } => binary_op(d, *op, (*a, *b), vals)?,
         BlockOpKind::Reduction { x, dim } => dense::reduce_sum(d, get(vals, *x)?, *dim),
         BlockOpKind::ReductionToDimx { x, dim } => {
             dense::reduce_groups(d, get(vals, *x)?, *dim, dimx)

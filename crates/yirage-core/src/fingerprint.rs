@@ -479,8 +479,12 @@ pub enum CrossCheck {
 /// as agreeing.
 const AGREE_TOL: f64 = 1e-9;
 
-/// Seeded float64 inputs of `draw` for every rank: ±[0.5, 2) with random signs (both signs
-/// reach square roots; no input is near 0).
+/// How many float64 input draws the cross-check evaluates: random signs, all positive, all
+/// negative (a NaN that needs every element of a row or a sum to have one sign shows).
+pub const CROSS_CHECK_DRAWS: u64 = 3;
+
+/// Seeded float64 inputs of `draw` for every rank: magnitudes in [0.5, 2) (no input near 0),
+/// signs random (draw ≡ 0 mod 3), positive (≡ 1) or negative (≡ 2).
 pub fn float_inputs(g: &KernelGraph, seed: u64, draw: u64) -> Vec<Vec<Tensor>> {
     (0..g.world_size())
         .map(|r| {
@@ -494,7 +498,12 @@ pub fn float_inputs(g: &KernelGraph, seed: u64, draw: u64) -> Vec<Vec<Tensor>> {
                             let h = mix64(key ^ mix64(j as u64));
                             let u = (h >> 11) as f64 / (1u64 << 53) as f64;
                             let m = 0.5 + 1.5 * u;
-                            if h & 1 == 1 {
+                            let negative = match draw % 3 {
+                                0 => h & 1 == 1,
+                                1 => false,
+                                _ => true,
+                            };
+                            if negative {
                                 -m
                             } else {
                                 m
@@ -511,7 +520,7 @@ pub fn float_inputs(g: &KernelGraph, seed: u64, draw: u64) -> Vec<Vec<Tensor>> {
         .collect()
 }
 
-/// A graph's float64 outputs (all ranks, flattened) on the cross-check's inputs (draw 0):
+/// A graph's float64 outputs (all ranks, flattened) on the cross-check's inputs of a draw:
 /// plain f64 first; the balls only when a comparison needs them.
 struct FloatRun {
     inputs: Vec<Vec<Tensor>>,
@@ -520,8 +529,8 @@ struct FloatRun {
 }
 
 impl FloatRun {
-    fn new(g: &KernelGraph, seed: u64) -> FloatRun {
-        let inputs = float_inputs(g, seed, 0);
+    fn new(g: &KernelGraph, seed: u64, draw: u64) -> FloatRun {
+        let inputs = float_inputs(g, seed, draw);
         let plain = evaluate_ranks(g, &inputs)
             .ok()
             .map(|o| o.into_iter().flatten().collect());
@@ -636,8 +645,8 @@ pub struct TrialCheck {
     /// Whether pairs that both pass [`field_decides_alone`] skip the float64 veto (the
     /// search's setting; [`equivalent`] always runs it).
     skip_veto: bool,
-    /// The target's float64 outputs (computed when first needed).
-    floats: OnceLock<FloatRun>,
+    /// The target's float64 outputs per draw (computed when first needed).
+    floats: OnceLock<Vec<FloatRun>>,
     target: KernelGraph,
 }
 
@@ -728,10 +737,31 @@ impl TrialCheck {
     /// field-equal pair) plain float64 outputs that agree closely end it (as `Unknown`: no
     /// certain difference); otherwise the balls decide.
     pub fn cross_check(&self, g: &KernelGraph, strict: bool) -> CrossCheck {
-        let target = self
-            .floats
-            .get_or_init(|| FloatRun::new(&self.target, self.seed));
-        let got = FloatRun::new(g, self.seed);
+        let targets = self.floats.get_or_init(|| {
+            (0..CROSS_CHECK_DRAWS)
+                .map(|d| FloatRun::new(&self.target, self.seed, d))
+                .collect()
+        });
+        let mut out = CrossCheck::Agree;
+        for (d, target) in targets.iter().enumerate() {
+            match self.cross_check_draw(target, g, d as u64, strict) {
+                CrossCheck::Differ => return CrossCheck::Differ,
+                CrossCheck::Unknown => out = CrossCheck::Unknown,
+                CrossCheck::Agree => {}
+            }
+        }
+        out
+    }
+
+    /// [`TrialCheck::cross_check`] on one draw.
+    fn cross_check_draw(
+        &self,
+        target: &FloatRun,
+        g: &KernelGraph,
+        draw: u64,
+        strict: bool,
+    ) -> CrossCheck {
+        let got = FloatRun::new(g, self.seed, draw);
         if !strict {
             if let (Some(a), Some(b)) = (&target.plain, &got.plain) {
                 if plain_close(a, b) {

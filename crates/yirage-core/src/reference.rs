@@ -517,6 +517,15 @@ impl Domain for BallDomain {
             }
         }
     }
+    fn sub_self(&self, a: Ball) -> Ball {
+        if a.is_unknown() {
+            Ball::UNKNOWN
+        } else if a.v.is_finite() {
+            Ball::exact(0.0)
+        } else {
+            Ball::exact(f64::NAN) // NaN − NaN, ∞ − ∞
+        }
+    }
     fn sum(&self, n: usize, f: impl Fn(usize) -> Ball) -> Ball {
         ball_dot(n, |i| (f(i), Ball::exact(1.0)))
     }
