@@ -1,4 +1,4 @@
-//! Finite-field fingerprints: probabilistic equivalence of µGraphs (ARCHITECTURE §4).
+//! Finite-field fingerprints: probabilistic equivalence of µGraphs.
 //!
 //! A graph is executed by the shared executor ([`crate::exec`]) in the domain Z_p × Z_q
 //! ([`crate::field`]) on seeded random inputs, over `k` independent trials; the digest is a

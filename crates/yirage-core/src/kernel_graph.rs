@@ -503,8 +503,7 @@ impl KernelGraph {
         let dim = |t: TensorId, d: usize| (d + lead(t)) as i64;
         match kind {
             KernelOpKind::Input { dims, dtype } => {
-                let d: Vec<i64> = std::iter::repeat(1)
-                    .take(out_lead)
+                let d: Vec<i64> = std::iter::repeat_n(1, out_lead)
                     .chain(dims.iter().map(|&v| v as i64))
                     .collect();
                 one(self.new_input(&d, *dtype))

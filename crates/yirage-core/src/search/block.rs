@@ -703,7 +703,7 @@ fn views(
 type ViewCache = std::collections::HashMap<(AbsVal, Dims, bool), Arc<Vec<Arc<Tpl>>>>;
 
 fn chains(run: &Run, vocab: &Vocab, goal: Option<&Goal>, base: &Tpl) -> Arc<Vec<Arc<Tpl>>> {
-    let in_goal = |abs: AbsVal| goal.map_or(true, |g| abs.known().is_some_and(|i| g.contains(&i)));
+    let in_goal = |abs: AbsVal| goal.is_none_or(|g| abs.known().is_some_and(|i| g.contains(&i)));
     let max_chain = if run.cfg.prune { MAX_CHAIN } else { 1 };
     let mut lb = LookupBuilder {
         target: &run.target,
@@ -829,7 +829,7 @@ fn moves(
     cache: &mut ViewCache,
 ) -> Vec<BMove> {
     let vs = views(run, vocab, goal, st, cache);
-    let in_goal = |abs: AbsVal| goal.map_or(true, |g| abs.known().is_some_and(|i| g.contains(&i)));
+    let in_goal = |abs: AbsVal| goal.is_none_or(|g| abs.known().is_some_and(|i| g.contains(&i)));
     let mut cands: Vec<Cand> = vec![];
     for a in 0..vs.len() {
         for b in 0..vs.len() {

@@ -549,7 +549,7 @@ fn derive(
             let a = axes.iter().position(|&x| x == c)?;
             let j = (0..dims.len())
                 .rev()
-                .find(|&j| used & bit(j) == 0 && an.cls[o][j].map_or(true, |x| !split(x)))?;
+                .find(|&j| used & bit(j) == 0 && an.cls[o][j].is_none_or(|x| !split(x)))?;
             omap[a] = j as i64;
             co = Some((j, c));
         }
