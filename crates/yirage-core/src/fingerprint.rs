@@ -434,28 +434,50 @@ fn scalars_collide(scalars: &[f64]) -> bool {
 /// field-equal graphs that both pass skip the float64 veto, which then costs nothing for
 /// attention, MLP and LoRA forms.
 pub fn field_decides_alone(g: &KernelGraph) -> bool {
+    field_decides(g, false)
+}
+
+/// [`field_decides_alone`], but square roots (sqrt, rsqrt, rms) of values the sign analysis
+/// proves ≥ 0 are allowed where every scalar is positive. That is the search's rule: its
+/// candidates are built from the target's own scalars, so a root can only differ from the
+/// field's by a constant's sign if some scalar is negative (√(c·c·m) against c·√m), and a
+/// root of a random tensor's square has a random sign per element, which the field sees.
+/// It keeps the float64 veto (a full-size float64 evaluation per candidate) out of
+/// RMSNorm and QK-norm searches.
+pub fn field_decides_in_search(g: &KernelGraph) -> bool {
+    graph_scalars(g).iter().all(|&c| c > 0.0) && field_decides(g, true)
+}
+
+fn field_decides(g: &KernelGraph, roots_of_nonnegatives: bool) -> bool {
     let signs = tensor_signs(g);
     let pos = |s: Sign| s == Sign::Pos;
+    let root_ok = |s: Sign| roots_of_nonnegatives && s != Sign::Any;
     g.ops().iter().all(|op| match &op.kind {
-        KernelOpKind::Unary { op, .. } => !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt),
+        KernelOpKind::Unary { op, x } => {
+            !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt) || root_ok(signs[*x])
+        }
         KernelOpKind::Binary { op, b, .. } => match op {
             BinaryOp::Pow => false,
             BinaryOp::Div => pos(signs[*b]),
             _ => true,
         },
-        KernelOpKind::RmsNorm { .. } => false,
+        KernelOpKind::RmsNorm { .. } => roots_of_nonnegatives,
         KernelOpKind::Customized { inputs, graph } => {
             let in_signs: Vec<Sign> = inputs.iter().map(|&x| signs[x]).collect();
             let tiles = tile_signs(graph, &in_signs);
             graph.ops().iter().all(|bop| match bop {
-                BlockOpKind::Unary { op, .. } => !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt),
+                BlockOpKind::Unary { op, x } => {
+                    !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt) || root_ok(tiles[*x])
+                }
                 BlockOpKind::Binary { op, b, .. } => match op {
                     BinaryOp::Pow => false,
                     BinaryOp::Div => pos(tiles[*b]),
                     _ => true,
                 },
-                BlockOpKind::RmsNorm { .. } => false,
-                BlockOpKind::ForloopAccum { kind, .. } => !matches!(kind, AccumKind::Rms { .. }),
+                BlockOpKind::RmsNorm { .. } => roots_of_nonnegatives,
+                BlockOpKind::ForloopAccum { kind, .. } => {
+                    roots_of_nonnegatives || !matches!(kind, AccumKind::Rms { .. })
+                }
                 _ => true,
             })
         }
@@ -632,7 +654,7 @@ pub fn cross_compare(a: &[Dense<Ball>], b: &[Dense<Ball>]) -> CrossCheck {
 /// The verdict ([`TrialCheck::verdict`]): a trial in which neither graph divided by a value
 /// with p-part 0, of graphs whose scalars do not collide ([`scalars_collide`]), *decides*.
 /// A decisive difference means "not equivalent". When every trial agrees and decides, the
-/// float64 cross-check can still veto (unless both graphs pass [`field_decides_alone`]) (it sees what the field cannot: NaNs of square roots
+/// float64 cross-check can still veto (unless both graphs pass [`field_decides_in_search`] in a search) (it sees what the field cannot: NaNs of square roots
 /// of negative values, infinities, magnitudes); when some trial does not decide, the float64
 /// cross-check alone decides and must agree on every element.
 pub struct TrialCheck {
@@ -640,9 +662,9 @@ pub struct TrialCheck {
     signature: (Vec<(Dims, DType)>, usize),
     trials: Vec<Trial>,
     scalars: Vec<f64>,
-    /// [`field_decides_alone`] of the target.
+    /// [`field_decides_in_search`] of the target.
     alone: bool,
-    /// Whether pairs that both pass [`field_decides_alone`] skip the float64 veto (the
+    /// Whether pairs that both pass [`field_decides_in_search`] skip the float64 veto (the
     /// search's setting; [`equivalent`] always runs it).
     skip_veto: bool,
     /// The target's float64 outputs per draw (computed when first needed).
@@ -677,14 +699,14 @@ impl TrialCheck {
             signature: (target.input_signature(), target.world_size()),
             trials,
             scalars: graph_scalars(target),
-            alone: field_decides_alone(target),
+            alone: field_decides_in_search(target),
             skip_veto: true,
             floats: OnceLock::new(),
             target: target.clone(),
         })
     }
 
-    /// Run the float64 veto on every field-equal pair, even where [`field_decides_alone`]
+    /// Run the float64 veto on every field-equal pair, even where [`field_decides_in_search`]
     /// holds for both graphs (it then only guards against scalar products congruent modulo
     /// p and q, which a search's candidates, built from the target's own scalars, cannot
     /// have).
@@ -721,7 +743,7 @@ impl TrialCheck {
             }
             decisive &= trusted;
         }
-        if decisive && self.skip_veto && self.alone && field_decides_alone(g) {
+        if decisive && self.skip_veto && self.alone && field_decides_in_search(g) {
             return Ok(true);
         }
         let cross = self.cross_check(g, !decisive);
