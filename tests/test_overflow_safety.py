@@ -129,6 +129,18 @@ def test_stress_scale_reaches_the_target_for_linear_and_quadratic_arguments() ->
     assert all(np.array_equal(x, x.astype(np.float16).astype(np.float32)) for x in s.arrays)
 
 
+def test_stress_scale_of_an_argument_that_is_not_homogeneous() -> None:
+    """softmax(x + x·x): no single degree, so the scale is found by evaluating."""
+    g = yr.new_kernel_graph()
+    x = g.new_input((8, 64), yr.float32)
+    g.mark_output(g.softmax(g.add(x, g.mul(x, x))))
+    assert _stress._homogeneous_degree(_stress._exp_argument_graph(g)) is None  # type: ignore[arg-type]
+    s = _stress_set(g)
+    assert s is not None
+    x64 = s.arrays[0].astype(np.float64)
+    assert 0.5 * _stress.EXP_TARGET <= np.abs(x64 + x64 * x64).max() <= 5 * _stress.EXP_TARGET
+
+
 def test_no_stress_set_without_exp_or_for_a_normalised_argument() -> None:
     g = yr.new_kernel_graph()
     x = g.new_input((8, 64), yr.float32)

@@ -167,6 +167,17 @@ def _jsonable(x: Any) -> Any:
 # -- tensors, vendor-neutral -------------------------------------------------------------------
 
 
+def to_numpy32(x: Any) -> np.ndarray:
+    """A float32 numpy array of a numpy array or a torch tensor on any device (a copy only
+    where the dtype or device needs one)."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float32, copy=False)
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        arr: np.ndarray = x.detach().float().cpu().numpy()
+        return arr
+    return np.asarray(x, dtype=np.float32)
+
+
 def to_numpy64(x: Any) -> np.ndarray:
     """A float64 numpy copy of a numpy array or a torch tensor on any device."""
     if isinstance(x, np.ndarray):

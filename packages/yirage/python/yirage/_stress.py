@@ -81,6 +81,49 @@ def _peak(probe: KernelGraph, arrays: Sequence[np.ndarray]) -> float:
     return max(float(np.nanmax(np.abs(o), initial=0.0)) for o in outs)
 
 
+def _homogeneous_degree(probe: KernelGraph) -> float | None:
+    """The degree p with arg(c·inputs) = c^p · arg(inputs) shared by every output of
+    ``probe`` (None when some output is not homogeneous, or they differ): 1 for an input, the
+    sum over a product or matmul, half for a square root, 0 for a normalised value."""
+    doc = json.loads(probe.to_json())
+    deg: list[float | None] = []
+    for op in doc["ops"]:
+        kind = op["op"]
+
+        def d(key: str, op: dict[str, Any] = op) -> float | None:
+            return deg[int(op[key])]
+
+        out: float | None = None
+        if kind == "input":
+            out = 1.0
+        elif kind in ("reduction", "chunk", "all_reduce"):
+            out = d("x")
+        elif kind == "matmul":
+            a, b = d("a"), d("b")
+            out = None if a is None or b is None else a + b
+        elif kind == "binary":
+            a, b = d("a"), d("b")
+            if a is not None and b is not None:
+                name = op["kind"]
+                out = a + b if name == "mul" else a - b if name == "div" else a if a == b else None
+        elif kind == "unary":
+            x = d("x")
+            factor = {"mul_scalar": 1.0, "neg": 1.0, "square": 2.0, "sqrt": 0.5, "rsqrt": -0.5}
+            if x is not None:
+                out = x * factor[op["kind"]] if op["kind"] in factor else (0.0 if x == 0 else None)
+        elif kind == "rms_norm":
+            w = op.get("weight")
+            out = 0.0 if w is None else deg[int(w)]
+        elif kind == "softmax":
+            out = 0.0 if d("x") == 0 else None
+        elif kind == "concat":
+            parts = {deg[int(x)] for x in op["xs"]}
+            out = parts.pop() if len(parts) == 1 else None
+        deg.append(out)
+    degrees = {deg[int(t)] for t in doc["outputs"]}
+    return degrees.pop() if len(degrees) == 1 else None
+
+
 def _round_to(a: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values exactly representable in ``dtype`` (round to nearest even)."""
     x = np.asarray(a, dtype=np.float32)
@@ -107,30 +150,38 @@ def exp_stress(
     float32 arrays in the graph's shapes), or None when scaling the inputs cannot push an
     exp argument to :data:`EXP_TARGET` (no exp, a scale-invariant argument such as a
     normalised one, or no finite scale). ``reference`` evaluates the graph in float64 on
-    kernel-shaped arrays. Up to three evaluations of the cut graph find the scale: the
-    argument is assumed homogeneous of some degree p in the inputs (p = 1 for a softmax of an
-    input, 2 for attention scores), estimated from the first two."""
+    kernel-shaped arrays. The scale comes from one evaluation of the cut graph when the exp
+    argument is homogeneous of a degree p the graph shows (p = 1 for a softmax of an input, 2
+    for attention scores, 0 for a normalised argument, which no scale pushes), else from up to
+    three (p estimated from the first two)."""
     probe = _exp_argument_graph(graph)
     if probe is None:
         return None
-    base = [np.asarray(a, dtype=np.float64) for a in check_arrays]
+    base = [np.asarray(a, dtype=np.float32) for a in check_arrays]
     a1 = _peak(probe, base)
     if not (math.isfinite(a1) and a1 > 0):
         return None
-    scale = EXP_TARGET / a1
-    peak = _peak(probe, [a * scale for a in base])
-    if not 0.75 * EXP_TARGET <= peak <= 4 * EXP_TARGET:
-        if not (math.isfinite(peak) and peak > 0) or abs(math.log(scale)) < 1e-6:
-            return None
-        degree = math.log(peak / a1) / math.log(scale)
-        if degree < 0.1:
-            return None  # the argument hardly moves with the inputs' scale
+    degree = _homogeneous_degree(probe)
+    if degree is not None:  # one evaluation: the argument scales as c^degree
+        if degree <= 0:
+            return None  # a normalised argument: no scale reaches an overflow
         scale = (EXP_TARGET / a1) ** (1.0 / degree)
-        peak = _peak(probe, [a * scale for a in base])
-        if not 0.5 * EXP_TARGET <= peak <= 5 * EXP_TARGET:
-            return None
+        peak = a1 * scale**degree
+    else:  # estimate the degree from a second evaluation, check with a third
+        scale = EXP_TARGET / a1
+        peak = _peak(probe, [a * np.float32(scale) for a in base])
+        if not 0.75 * EXP_TARGET <= peak <= 4 * EXP_TARGET:
+            if not (math.isfinite(peak) and peak > 0) or abs(math.log(scale)) < 1e-6:
+                return None
+            estimate = math.log(peak / a1) / math.log(scale)
+            if estimate < 0.1:
+                return None  # the argument hardly moves with the inputs' scale
+            scale = (EXP_TARGET / a1) ** (1.0 / estimate)
+            peak = _peak(probe, [a * np.float32(scale) for a in base])
+            if not 0.5 * EXP_TARGET <= peak <= 5 * EXP_TARGET:
+                return None
     dtypes = [t.dtype.name for t in graph.inputs]
-    arrays = [_round_to(a * scale, d) for a, d in zip(base, dtypes, strict=True)]
+    arrays = [_round_to(a * np.float32(scale), d) for a, d in zip(base, dtypes, strict=True)]
     kernel_arrays = shapes.to_kernel(arrays)
     return StressSet(
         name=f"exp stress: inputs x{scale:.3g}, largest exp argument {peak:.0f}",

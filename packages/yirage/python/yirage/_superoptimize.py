@@ -54,7 +54,7 @@ from yirage._kernel import (
     reference_outputs,
     run_check,
     to_backend_tensors,
-    to_numpy64,
+    to_numpy32,
     tolerance_for,
 )
 from yirage._logging import get_logger
@@ -614,7 +614,7 @@ def _break_cold_ties(
 
 def _exp_stress_set(graph: KernelGraph, shapes: Shapes, tensors: list[Any]) -> Any:
     """The exp-overflow stress set for ``graph`` (None when it has no exp to stress)."""
-    arrays = [to_numpy64(t).reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)]
+    arrays = [to_numpy32(t).reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)]
     return _stress.exp_stress(
         graph, shapes, arrays, lambda ins: reference_outputs(graph, shapes, ins)
     )
