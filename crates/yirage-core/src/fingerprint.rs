@@ -438,7 +438,7 @@ pub fn field_decides_alone(g: &KernelGraph) -> bool {
 }
 
 /// [`field_decides_alone`], but square roots (sqrt, rsqrt, rms) of values the sign analysis
-/// proves ≥ 0 are allowed where every scalar is positive. That is the search's rule: its
+/// proves ≥ 0, and divisions by such values, are allowed where every scalar is positive. That is the search's rule: its
 /// candidates are built from the target's own scalars, so a root can only differ from the
 /// field's by a constant's sign if some scalar is negative (√(c·c·m) against c·√m), and a
 /// root of a random tensor's square has a random sign per element, which the field sees.
@@ -450,7 +450,9 @@ pub fn field_decides_in_search(g: &KernelGraph) -> bool {
 
 fn field_decides(g: &KernelGraph, roots_of_nonnegatives: bool) -> bool {
     let signs = tensor_signs(g);
-    let pos = |s: Sign| s == Sign::Pos;
+    // a divisor ≥ 0 that is 0 on a trial's inputs is flagged by that trial (it then does not
+    // decide); one that is not is nonzero but on a null set, in both graphs alike
+    let pos = |s: Sign| s == Sign::Pos || (roots_of_nonnegatives && s == Sign::NonNeg);
     let root_ok = |s: Sign| roots_of_nonnegatives && s != Sign::Any;
     g.ops().iter().all(|op| match &op.kind {
         KernelOpKind::Unary { op, x } => {
