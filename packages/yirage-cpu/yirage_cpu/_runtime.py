@@ -225,7 +225,8 @@ def shift_of(x: np.ndarray, dims: Sequence[int]) -> np.ndarray:
     with ``shift_dims`` computes ``exp(x - shift_of(x, dims))``."""
     with np.errstate(invalid="ignore"):
         m = np.max(x, axis=tuple(int(d) for d in dims), keepdims=True)
-    return np.where(np.isfinite(m), m, np.float32(0)).astype(x.dtype)
+    shift: np.ndarray = np.where(np.isfinite(m), m, np.float32(0)).astype(x.dtype)
+    return shift
 
 
 def _unary_np(op: str, params: Sequence[float], x: np.ndarray) -> Any:

@@ -131,8 +131,6 @@ class Backend(ABC):
     verification_level: VerificationLevel = VerificationLevel.NONE
     #: File suffix of the printed source (a saved kernel's ``kernel<suffix>``).
     source_suffix: str = ".txt"
-    #: The torch device string of this backend's tensors (None: numpy arrays, no torch).
-    torch_device: str | None = None
 
     @property
     def package_version(self) -> str:
@@ -161,6 +159,11 @@ class Backend(ABC):
     def known_devices(self) -> dict[str, DeviceSpec]:
         """The backend's datasheet table of known chips (may be empty)."""
         return {}
+
+    @property
+    def torch_device(self) -> str | None:
+        """The torch device of this backend's tensors (None: numpy arrays, no torch)."""
+        return None
 
     def toolchain(self) -> dict[str, str]:
         """Names and versions of the toolchain in use (shown in reports and the doctor)."""
