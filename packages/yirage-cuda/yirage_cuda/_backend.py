@@ -373,9 +373,8 @@ class CudaBackend(Backend):
         """Print a KernelPlan (object with ``kernel_plan()``/``to_json()``, JSON text or dict)."""
         p = parse_plan(plan)
         attention = any(k.safe_softmax for k in p.generated)
-        # programmatic dependent launch, except for safe-softmax (attention) plans: on the
-        # H100 it took 0.4-0.6 µs off RMSNorm + Linear and gated MLP in CUDA-graph replay,
-        # but put qknorm_gqa's 12.1-12.2 µs up to 12.9 and left GQA decode within 0.2 µs
+        # programmatic dependent launch, except for safe-softmax (attention) plans, where it
+        # measured slower or level (benchmarks/README.md, "Why these variants")
         topts = self.triton_options or TritonOptions(
             smem_limit=self._smem_limit(),
             bf16_dot_as_fp32=self.interpret,
@@ -394,10 +393,7 @@ class CudaBackend(Backend):
             # half the split too: bigger kernels fill the SMs with fewer parts (the fused
             # gated MLP, RMSNorm + Linear); not in the interpreter, whose wall-clock times
             # cannot choose a split, nor for safe-softmax (attention) plans, whose split is
-            # capped at MAX_SPLIT: on the H100 their half split lost in every run (GQA decode
-            # kv 4096 20.1-20.3 µs against 17.6-17.7, kv 16384 55.8-55.9 against 51.5-51.6,
-            # qknorm_gqa 25.9-26.1 against 21.1-22.8) and cost qknorm_gqa's cold call a fifth
-            # of its Triton compiles
+            # capped at MAX_SPLIT and whose half split lost every measured run
             half = tuple((name, n // 2) for name, n in splits if n >= 4)
             if half and not self.interpret and not attention:
                 printings["triton_split_half"] = dataclasses.replace(topts, split_loop=half)
@@ -405,9 +401,7 @@ class CudaBackend(Backend):
             # kernel whose stage buffers fit one block per SM runs the bigger grids in waves.
             # One block per SM, it gets the full default pipeline, not the plan's shared-memory
             # estimate (which overstates Triton's buffers; the runtime lowers the depth if they
-            # do not fit): fused LoRA at b16, 64 blocks, ran 9.8 µs split 2 ways with 3 stages
-            # on the H100 against 13.0 with the 2 the estimate allows, and 12.0 split 4 ways
-            # (17.0 / 19.8 / 19.7 µs with a cold L2)
+            # do not fit)
             grids = {k.name: k.blocks for k in p.generated}
             sms = self._sm_count()
             quarter = tuple(
@@ -420,9 +414,7 @@ class CudaBackend(Backend):
                     topts, split_loop=quarter, num_stages=topts.num_stages or DEFAULT_STAGES
                 )
         # deeper pipelines (not in the interpreter, which ignores the stage count), except for
-        # safe-softmax (attention) plans: on the H100 their deep printings never won and took
-        # two of the five Triton compiles of each candidate (cold GQA decode spent 10 s
-        # compiling)
+        # safe-softmax (attention) plans, whose deep printings never won and cost compiles
         if (
             not self.interpret
             and not attention
@@ -434,8 +426,7 @@ class CudaBackend(Backend):
             if splits:
                 printings["triton_split_deep"] = dataclasses.replace(deep, split_loop=splits)
         # finer loop chunks under deeper pipelines (weight-streaming kernels whose plan chunks
-        # leave room for two or three stages; see _subtile), with 4 and 5 stages: on the H100
-        # RMSNorm + Linear's hand-written form ran fastest with 5, gated MLP's with 4
+        # leave room for two or three stages; see _subtile), with 4 and 5 stages
         fine = tuple((k.name, f) for k in p.generated if (f := loop_subtile(k)) > 1)
         if (
             fine

@@ -5,7 +5,7 @@ A weight-streaming kernel (RMSNorm + Linear, gated MLP at decode sizes) keeps mo
 flight with small chunks and a deep pipeline than with the plan's big chunks, whose stage
 buffers leave room for two or three stages: on the H100 a hand-written RMSNorm + Linear b16
 ran 20.0 µs with 128-row chunks and 5 stages against 24.1 with 512-row chunks and 3, gated
-MLP 24.6 against 26.4 (benchmarks/gemv_probe.py). The search's cost model does not see
+MLP 24.6 against 26.4 (benchmarks/probes/gemv_probe.py). The search's cost model does not see
 pipelines, so the backend offers the finer printing as a variant and profiling decides.
 
 The rewrite changes nothing the plan computes as long as everything that walks the loop is

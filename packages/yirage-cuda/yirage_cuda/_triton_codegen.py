@@ -318,7 +318,7 @@ class _KernelPrinter:
         to the tensor cores as tf32 (fp32 range, 11 significant bits, as many as the fp16 K
         itself): qknorm_gqa split 16 ways 12.4 µs on the H100, against 14.8 with tl.sum,
         12.8 with one bfloat16 dot (8 bits) and 14.5 with a bfloat16 high and low part
-        (benchmarks/qknorm_probe.py)."""
+        (benchmarks/probes/qknorm_probe.py)."""
         out: dict[int, tuple[int, list[int]]] = {}
         if self.plan.compute_dtype == "float32":
             return out  # fp32 graphs keep the fp32 sum
@@ -1024,7 +1024,7 @@ class _KernelPrinter:
         Triton pipelines a dot operand through shared memory only while the dot is its one
         user; a second, elementwise user of the same tile (RMSNorm's sum of squares of X
         beside X @ W) left the H100 loop unpipelined: 48 µs against 21 µs with the
-        elementwise user reading its own copy of the tile (benchmarks/tile_sweep.py)."""
+        elementwise user reading its own copy of the tile (benchmarks/probes/tile_sweep.py)."""
         in_loop = {o.id for o in loop_ops}
         absorbed_by = {div: m for m, (div, _, _) in self.scaled.items()}
         out: set[int] = set()

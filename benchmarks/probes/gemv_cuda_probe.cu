@@ -7,7 +7,7 @@
 // - gemv_splitk: K split over S blocks per column tile so that every SM streams;
 // - flat_read: every SM streams W's 50 MB with 16-byte loads (the read ceiling of the device).
 //
-//   nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/gemv benchmarks/gemv_cuda_probe.cu
+//   nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/gemv benchmarks/probes/gemv_cuda_probe.cu
 //   /tmp/gemv
 //
 // CUDA-graph replay medians (20 launches per graph, 50 replays) as in the benchmark report;

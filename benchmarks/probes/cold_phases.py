@@ -3,7 +3,7 @@ the backend's codegen / compile / load / precompile / profile calls, and the spa
 Triton compile in the precompile thread pool (which kernel bounds the wall time), and within
 profiling the time in eager timed launches, graph capture, graph replays and input drawing.
 
-    python benchmarks/cold_phases.py qknorm_gqa:gpu gqa_decode:gpu_kv16384
+    python benchmarks/probes/cold_phases.py qknorm_gqa:gpu gqa_decode:gpu_kv16384
 
 Needs a CUDA GPU, torch and triton; runs without the decision cache.
 """

@@ -2,10 +2,10 @@
 candidates under several Triton printings (loop splits, pipeline depths), each checked
 against the workload's PyTorch reference.
 
-    python benchmarks/candidates.py gqa_decode --preset gpu --top 4 --splits 1 4 16
-    python benchmarks/candidates.py gqa_decode --preset gpu_kv16384 --match "grid=16x1x1"
-    python benchmarks/candidates.py qknorm_gqa --top 1 --splits 8 16 --warps 4 8
-    python benchmarks/candidates.py qknorm_gqa --top 3 --splits 16 --scale-after-dot on off
+    python benchmarks/probes/candidates.py gqa_decode --preset gpu --top 4 --splits 1 4 16
+    python benchmarks/probes/candidates.py gqa_decode --preset gpu_kv16384 --match "grid=16x1x1"
+    python benchmarks/probes/candidates.py qknorm_gqa --top 1 --splits 8 16 --warps 4 8
+    python benchmarks/probes/candidates.py qknorm_gqa --top 3 --splits 16 --scale-after-dot on off
 
 Prints one line per (candidate, split, stages, warps, printing): median µs, relative error,
 the split chosen by ``loop_split`` for comparison. Needs a CUDA GPU, torch and triton.

@@ -3,10 +3,10 @@ YIRAGE_CACHE_DIR), then run the chosen kernel once inside a profiler range for N
 Run it once without ncu first: profiling under ncu times every candidate far slower than in
 use and would choose other kernels; the second run takes the first run's choices from the cache.
 
-    python benchmarks/ncu_chosen.py rmsnorm_linear:gpu_b16 qknorm_gqa:gpu
+    python benchmarks/probes/ncu_chosen.py rmsnorm_linear:gpu_b16 qknorm_gqa:gpu
     ncu --clock-control none --profile-from-start off --csv \\
-        --metrics $(python benchmarks/ncu_chosen.py --metrics) \\
-        python benchmarks/ncu_chosen.py rmsnorm_linear:gpu_b16 qknorm_gqa:gpu
+        --metrics $(python benchmarks/probes/ncu_chosen.py --metrics) \\
+        python benchmarks/probes/ncu_chosen.py rmsnorm_linear:gpu_b16 qknorm_gqa:gpu
 
 ncu flushes the caches before each profiled kernel, so DRAM figures are for a cold L2; without
 ``--clock-control none`` it locks the clocks to base and the kernels run slower than in use.

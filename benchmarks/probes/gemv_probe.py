@@ -3,7 +3,7 @@
 sizes, pipeline depths, warps and load paths (pointer loads or TMA descriptors), next to a
 read-only kernel with the same tiling (the ceiling of that tiling) and torch's copy.
 
-    python benchmarks/gemv_probe.py --bn 32 64 128 --bk 128 256 512 --stages 2 3 4 5
+    python benchmarks/probes/gemv_probe.py --bn 32 64 128 --bk 128 256 512 --stages 2 3 4 5
 
 Tells whether a printing the search could reach meets the bench targets. Needs a CUDA
 GPU, torch and triton; CUDA-graph replay medians as in the benchmark report.

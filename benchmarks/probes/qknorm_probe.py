@@ -3,7 +3,7 @@ candidate's kernel (split, scaled), whose sum of squares over d is two ``tl.dot`
 matrix in tf32, then times edited copies of its source that sum with two bfloat16 dots
 (high and low part), one bfloat16 dot, or ``tl.sum``.
 
-    python benchmarks/qknorm_probe.py --splits 8 16
+    python benchmarks/probes/qknorm_probe.py --splits 8 16
 
 Needs a CUDA GPU, torch and triton; CUDA-graph replay medians as in the benchmark report.
 """

@@ -2,7 +2,7 @@
 (tests/cuda/plans.py) over tile sizes, loop splits, warps and pipeline depths, at the
 bench shapes. Tells which configurations the search and cost model should reach.
 
-    python benchmarks/tile_sweep.py rmsnorm_linear --tn 32 48 64 --tk 256 512 --stages 3 5
+    python benchmarks/probes/tile_sweep.py rmsnorm_linear --tn 32 48 64 --tk 256 512 --stages 3 5
 
 Needs a CUDA GPU, torch and triton.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "cuda"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "cuda"))
 import plans
 import torch
 
