@@ -196,7 +196,10 @@ pub fn binary<D: Domain>(d: &D, op: BinaryOp, a: &Dense<D::V>, b: &Dense<D::V>) 
 }
 
 /// `f` over every element (on the rayon pool when large).
-fn unary_map<V: Copy + Send + Sync>(x: &Dense<V>, f: impl Fn(V) -> V + Sync + Send) -> Dense<V> {
+pub(crate) fn unary_map<V: Copy + Send + Sync>(
+    x: &Dense<V>,
+    f: impl Fn(V) -> V + Sync + Send,
+) -> Dense<V> {
     let data = if x.data.len() >= PAR_ELEMENTWISE {
         x.data.par_iter().map(|&v| f(v)).collect()
     } else {

@@ -256,7 +256,7 @@ fn binary_op<D: Domain, T: Borrow<Dense<D::V>>>(
 ) -> Result<Dense<D::V>> {
     let a = get(vals, ids.0)?;
     if op == BinaryOp::Sub && ids.0 == ids.1 {
-        return Ok(map_elems(a, |v| d.sub_self(v)));
+        return Ok(dense::unary_map(a, |v| d.sub_self(v)));
     }
     Ok(dense::binary(d, op, a, get(vals, ids.1)?))
 }
@@ -266,22 +266,9 @@ fn binary_op<D: Domain, T: Borrow<Dense<D::V>>>(
 fn unary_signed<D: Domain>(d: &D, op: UnaryOp, x: &Dense<D::V>, sign: Sign) -> Dense<D::V> {
     let nonneg = sign >= Sign::NonNeg;
     match op {
-        UnaryOp::Sqrt if !nonneg => map_elems(x, |v| d.sqrt_signed(v)),
-        UnaryOp::Rsqrt if !nonneg => map_elems(x, |v| d.rsqrt_signed(v)),
+        UnaryOp::Sqrt if !nonneg => dense::unary_map(x, |v| d.sqrt_signed(v)),
+        UnaryOp::Rsqrt if !nonneg => dense::unary_map(x, |v| d.rsqrt_signed(v)),
         _ => dense::unary(d, op, x),
-    }
-}
-
-/// `f` over every element (on the rayon pool when large; elements are independent).
-fn map_elems<V: Copy + Send + Sync>(x: &Dense<V>, f: impl Fn(V) -> V + Sync + Send) -> Dense<V> {
-    let data = if x.data.len() >= 1 << 16 {
-        x.data.par_iter().map(|&v| f(v)).collect()
-    } else {
-        x.data.iter().map(|&v| f(v)).collect()
-    };
-    Dense {
-        dims: x.dims.clone(),
-        data,
     }
 }
 

@@ -427,63 +427,48 @@ fn scalars_collide(scalars: &[f64]) -> bool {
     false
 }
 
-/// Whether the field alone decides for `g`: it has no square root (sqrt, rsqrt, rms_norm,
-/// rms accumulators: the field's root of a square c² of a constant is ±c by c's quadratic
-/// character, not |c|), no pow (NaN for negative bases), and divides only by values the sign
-/// analysis proves > 0 (so nothing is NaN or infinite but by overflow). In a search,
-/// field-equal graphs that both pass skip the float64 veto, which then costs nothing for
-/// attention, MLP and LoRA forms.
-pub fn field_decides_alone(g: &KernelGraph) -> bool {
-    field_decides(g, false)
-}
-
-/// [`field_decides_alone`], but square roots (sqrt, rsqrt, rms) of values the sign analysis
-/// proves ≥ 0, and divisions by such values, are allowed where every scalar is positive. That is the search's rule: its
-/// candidates are built from the target's own scalars, so a root can only differ from the
-/// field's by a constant's sign if some scalar is negative (√(c·c·m) against c·√m), and a
-/// root of a random tensor's square has a random sign per element, which the field sees.
-/// It keeps the float64 veto (a full-size float64 evaluation per candidate) out of
-/// RMSNorm and QK-norm searches.
+/// Whether the field decides for `g` in a search, so that field-equal graphs that both pass
+/// skip the float64 veto (a full-size float64 evaluation per candidate). It holds when `g` has
+/// no pow (NaN for negative bases), every square root (sqrt, rsqrt, rms_norm, rms
+/// accumulators) and every divisor is of a value the sign analysis proves ≥ 0, and every
+/// scalar is positive. The field's root of a constant's square c² is ±c by c's quadratic
+/// character, not |c|; a search's candidates are built from the target's own scalars, so a
+/// root differs from the field's by a constant's sign only through a negative scalar
+/// (√(c·c·m) against c·√m), while a root of a random tensor's square has a random sign per
+/// element, which the field sees. A divisor ≥ 0 that is 0 on a trial's inputs is flagged by
+/// that trial (which then does not decide); otherwise it is nonzero but on a null set, in both
+/// graphs alike.
 pub fn field_decides_in_search(g: &KernelGraph) -> bool {
-    graph_scalars(g).iter().all(|&c| c > 0.0) && field_decides(g, true)
-}
-
-fn field_decides(g: &KernelGraph, roots_of_nonnegatives: bool) -> bool {
+    if graph_scalars(g).iter().any(|&c| c <= 0.0) {
+        return false;
+    }
     let signs = tensor_signs(g);
-    // a divisor ≥ 0 that is 0 on a trial's inputs is flagged by that trial (it then does not
-    // decide); one that is not is nonzero but on a null set, in both graphs alike
-    let pos = |s: Sign| s == Sign::Pos || (roots_of_nonnegatives && s == Sign::NonNeg);
-    let root_ok = |s: Sign| roots_of_nonnegatives && s != Sign::Any;
+    let known = |s: Sign| s != Sign::Any;
     g.ops().iter().all(|op| match &op.kind {
         KernelOpKind::Unary { op, x } => {
-            !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt) || root_ok(signs[*x])
+            !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt) || known(signs[*x])
         }
         KernelOpKind::Binary { op, b, .. } => match op {
             BinaryOp::Pow => false,
-            BinaryOp::Div => pos(signs[*b]),
+            BinaryOp::Div => known(signs[*b]),
             _ => true,
         },
-        KernelOpKind::RmsNorm { .. } => roots_of_nonnegatives,
         KernelOpKind::Customized { inputs, graph } => {
             let in_signs: Vec<Sign> = inputs.iter().map(|&x| signs[x]).collect();
             let tiles = tile_signs(graph, &in_signs);
             graph.ops().iter().all(|bop| match bop {
                 BlockOpKind::Unary { op, x } => {
-                    !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt) || root_ok(tiles[*x])
+                    !matches!(op, UnaryOp::Sqrt | UnaryOp::Rsqrt) || known(tiles[*x])
                 }
                 BlockOpKind::Binary { op, b, .. } => match op {
                     BinaryOp::Pow => false,
-                    BinaryOp::Div => pos(tiles[*b]),
+                    BinaryOp::Div => known(tiles[*b]),
                     _ => true,
                 },
-                BlockOpKind::RmsNorm { .. } => roots_of_nonnegatives,
-                BlockOpKind::ForloopAccum { kind, .. } => {
-                    roots_of_nonnegatives || !matches!(kind, AccumKind::Rms { .. })
-                }
                 _ => true,
             })
         }
-        _ => true,
+        _ => true, // rms_norm and rms accumulators: roots of means of squares plus eps ≥ 0
     })
 }
 
@@ -656,8 +641,9 @@ pub fn cross_compare(a: &[Dense<Ball>], b: &[Dense<Ball>]) -> CrossCheck {
 /// The verdict ([`TrialCheck::verdict`]): a trial in which neither graph divided by a value
 /// with p-part 0, of graphs whose scalars do not collide ([`scalars_collide`]), *decides*.
 /// A decisive difference means "not equivalent". When every trial agrees and decides, the
-/// float64 cross-check can still veto (unless both graphs pass [`field_decides_in_search`] in a search) (it sees what the field cannot: NaNs of square roots
-/// of negative values, infinities, magnitudes); when some trial does not decide, the float64
+/// float64 cross-check can still veto (in a search, unless both graphs pass
+/// [`field_decides_in_search`]): it sees what the field cannot, NaNs of square roots of
+/// negative values, infinities, magnitudes. When some trial does not decide, the float64
 /// cross-check alone decides and must agree on every element.
 pub struct TrialCheck {
     seed: u64,
