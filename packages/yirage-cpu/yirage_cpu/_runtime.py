@@ -172,17 +172,10 @@ def _read(arr: np.ndarray, dtype: str) -> np.ndarray:
     return arr if arr.dtype == np.float32 else arr.astype(np.float32)
 
 
-def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
-
-
 def _write(dst: np.ndarray, value: np.ndarray, dtype: str) -> None:
     value = np.broadcast_to(value, dst.shape)
     if dtype == "bfloat16":
-        dst[...] = _f32_to_bf16(value)
+        dst[...] = plugin.bfloat16_bits(value)
     else:
         np.copyto(dst, value, casting="unsafe")
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from yirage._errors import DTypeError
 
-__all__ = ["DType", "bfloat16", "float16", "float32"]
+__all__ = ["DType", "bfloat16", "bfloat16_bits", "float16", "float32"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,16 @@ bfloat16 = DType("bfloat16", 2, None)
 float32 = DType("float32", 4, np.dtype(np.float32))
 
 _BY_NAME: dict[str, DType] = {d.name: d for d in (float16, bfloat16, float32)}
+
+
+def bfloat16_bits(x: Any) -> np.ndarray:
+    """float32 values rounded to bfloat16 (nearest even; NaN stays a quiet NaN) as their
+    uint16 bit patterns: numpy has no bfloat16, so buffers hold the bits."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits: np.ndarray = np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+    return bits
 
 
 def _check_dtype(dtype: object) -> DType:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from yirage._dtypes import bfloat16_bits
 from yirage._graph import KernelGraph
 from yirage._kernel import TOLERANCES, Shapes, to_numpy64
 
@@ -131,12 +132,7 @@ def _round_to(a: np.ndarray, dtype: str) -> np.ndarray:
         with np.errstate(over="ignore"):
             return x.astype(np.float16).astype(np.float32)
     if dtype == "bfloat16":
-        bits = x.view(np.uint32).astype(np.uint64)
-        rounded = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) & np.uint64(
-            0xFFFF0000
-        )
-        out: np.ndarray = rounded.astype(np.uint32).view(np.float32)
-        return out
+        return (bfloat16_bits(x).astype(np.uint32) << 16).view(np.float32)
     return x
 
 

@@ -18,7 +18,8 @@ name below keeps its meaning, and a minor adds names. A backend declares the
 - timing: :func:`pick_cold_tie`, ``PRUNE_AFTER_ROUNDS`` and ``PRUNE_RATIO`` (the rules
   ``superoptimize`` uses to compare candidates, for a backend choosing between its
   variants);
-- :func:`all_reduce` (the runtime's collective, for multi-device library kernels),
+- :func:`bfloat16_bits` (float32 rounded to bfloat16 bit patterns),
+  :func:`all_reduce` (the runtime's collective, for multi-device library kernels),
   :func:`get_logger`, ``CORE_VERSION`` (the native core's version, for cache keys).
 """
 
@@ -48,6 +49,7 @@ from yirage._cache import (
     write_json,
 )
 from yirage._collectives import all_reduce
+from yirage._dtypes import bfloat16_bits
 from yirage._env import EnvVar, register_env_var
 from yirage._errors import (
     BackendError,
@@ -88,6 +90,7 @@ __all__ = [
     "YirageError",
     "all_reduce",
     "atomic_write_bytes",
+    "bfloat16_bits",
     "cache_root",
     "discard",
     "entry_path",
