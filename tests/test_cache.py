@@ -176,10 +176,6 @@ def test_a_reader_waits_for_a_writer_between_entry_and_checksum(
 
     monkeypatch.setattr(_cache, "_verify", verify_and_signal)
     got: list[bytes | None] = []
-
-    def read() -> None:
-        got.append(_cache.load_verified_artifact(path))
-
     with caplog.at_level(logging.WARNING, logger="yirage"):
         with _cache.locked(path):
             _cache.atomic_write_bytes(path, b"new content")  # checksum not yet written
@@ -216,16 +212,20 @@ def _flip_a_digit(path: Path) -> None:
     json.loads(path.read_text())
 
 
+def _rms_linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """float64 numpy reference of RMSNorm (eps 1e-6) + Linear."""
+    x64 = x.astype(np.float64)
+    return (x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6)) @ w.astype(np.float64)
+
+
 def _check_search_result(res: Any) -> None:
     """The best candidate's plan computes RMSNorm + Linear (float64 plan interpreter against a
     float64 numpy reference)."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal((8, 256)).astype(np.float32)
     w = rng.standard_normal((256, 256)).astype(np.float32)
-    x64 = x.astype(np.float64)
-    want = (x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6)) @ w.astype(np.float64)
     (got,) = run_plan(res.candidates[0].kernel_plan().to_dict(), [x, w])
-    assert rel_err(got, want) < 1e-6
+    assert rel_err(got, _rms_linear(x, w)) < 1e-6
 
 
 @pytest.mark.parametrize("how", [*DAMAGES, "digit"])
@@ -279,10 +279,8 @@ def _check_kernel(kernel: Any) -> None:
     rng = np.random.default_rng(9)
     x = rng.standard_normal((8, 256)).astype(np.float32)
     w = rng.standard_normal((256, 192)).astype(np.float32)
-    x64 = x.astype(np.float64)
-    want = (x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6)) @ w.astype(np.float64)
     (got,) = kernel(x, w)
-    assert rel_err(got, want) < 1e-5
+    assert rel_err(got, _rms_linear(x, w)) < 1e-5
 
 
 def _superoptimize(caplog: pytest.LogCaptureFixture) -> tuple[Any, list[str]]:
