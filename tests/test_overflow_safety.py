@@ -201,3 +201,73 @@ def test_stress_check_rejects_a_candidate_that_overflows_and_keeps_the_rest() ->
     kept = _stress_check(CpuBackend(), g, stress, passing, {0}, rep)
     assert [p[1] for p in kept] == [0, 1]
     assert any("not enforced" in n for n in rep.notes)
+
+
+# -- the dtype-extremes set ----------------------------------------------------------------
+
+
+def _extremes(g: yr.KernelGraph, seed: int = 7) -> _stress.StressSet:
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(t.dims) for t in g.inputs]
+    return _stress.extremes_stress(g, Shapes(g), arrays, lambda ins: g.evaluate(ins), seed)
+
+
+def _rms_norm_graph(dtype: str) -> yr.KernelGraph:
+    g = yr.new_kernel_graph()
+    x = g.new_input((32, 512), getattr(yr, dtype))
+    g.mark_output(g.rms_norm(x, normalized_shape=(512,)))
+    return g
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_dtype_extremes_are_the_dtypes_own_and_sprinkled_sparsely(dtype: str) -> None:
+    values = _stress.dtype_extremes(dtype)
+    assert np.array_equal(_stress._round_to(values, dtype), values)  # exact in the dtype
+    big, _, normal, _, sub, _, zero, neg_zero = values.astype(np.float64)
+    assert big == {"float32": np.finfo(np.float32).max, "float16": 65504.0}.get(
+        dtype, 3.3895313892515355e38
+    )
+    with np.errstate(over="ignore"):  # the next larger value is past the dtype's range
+        above = np.array([big * (1 + 2.0**-7)], np.float32)
+        assert np.isinf(_stress._round_to(above, dtype)[0])
+    assert 0 < sub < normal and _stress._round_to(np.array([sub / 2], np.float32), dtype)[0] == 0
+    assert zero == 0 and np.signbit(neg_zero)
+    g = _rms_norm_graph(dtype)
+    s = _extremes(g)
+    x = s.arrays[0]
+    hit = np.isin(x, values) & (x != 0)
+    assert 0.5 * _stress.EXTREMES_DENSITY < hit.mean() * 8 / 6 < 2 * _stress.EXTREMES_DENSITY
+    assert set(np.unique(x[hit])) == set(values[values != 0])
+    assert np.array_equal(_extremes(g).arrays[0], x)  # the same for the same seed
+    assert not np.array_equal(_extremes(g, seed=8).arrays[0], x)
+
+
+def test_extremes_set_catches_a_sum_of_squares_in_float16() -> None:
+    """A float16 RMSNorm whose sum of squares is taken in float16 overflows at 65504 and
+    returns zeros where the graph's values are ordinary; one that sums in float32 passes."""
+    g = _rms_norm_graph("float16")
+    s = _extremes(g)
+    tol = _stress.stress_tolerance("float16")
+
+    def rms(x: np.ndarray, acc: type) -> list[np.ndarray]:
+        v = np.asarray(x).astype(acc)
+        with np.errstate(all="ignore"):
+            r = np.sqrt((v * v).mean(axis=-1, keepdims=True, dtype=acc) + acc(1e-6))
+            return [(v / r).astype(np.float16)]
+
+    err, why = _stress.stress_error(rms(s.arrays[0], np.float32), s.reference, ["float16"])
+    assert why is None and err <= tol
+    err, why = _stress.stress_error(rms(s.arrays[0], np.float16), s.reference, ["float16"])
+    assert why is not None or err > tol
+
+
+def test_a_nan_of_the_reference_is_not_compared_but_an_inf_is() -> None:
+    """A NaN reference is undefined (a float64 exp that overflowed, inf/inf): a shifted
+    kernel's number there is accepted; an infinite reference needs a non-finite output."""
+    ref = np.array([[np.nan, 1.0, np.inf]])
+    assert _stress.stress_error([np.array([[0.5, 1.0, np.nan]])], [ref], ["float32"]) == (
+        0.0,
+        None,
+    )
+    err, why = _stress.stress_error([np.array([[0.5, 1.0, 3.0]])], [ref], ["float32"])
+    assert err == np.inf and why is not None and "overflows float32" in why

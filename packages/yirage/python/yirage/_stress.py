@@ -1,4 +1,5 @@
-"""Stress inputs for the numeric check: values at which a naive ``exp`` overflows.
+"""Stress inputs for the numeric check: values at which a naive ``exp`` overflows, and the
+dtype's extremes.
 
 The ordinary check inputs (N(0, 1), scaled per matrix) keep every exp argument small, so a
 candidate that computes ``exp`` without subtracting the maximum passes them and then returns
@@ -8,6 +9,16 @@ scales its inputs until the largest exp argument of the float64 reference reache
 float64's at 709.8). On those inputs a candidate must be finite wherever the reference rounded
 to the output dtype is finite (and non-finite wherever it is not) and agree in value within
 :func:`stress_tolerance`.
+
+The extremes set (:func:`extremes_stress`) sprinkles each input dtype's extreme finite values
+(±largest, ±smallest normal, ±smallest subnormal, ±0) over the check inputs, so a candidate
+that squares or sums in the storage dtype, flushes subnormals into a division or divides a zero
+by a zero where the graph does not, shows it. Infinities and NaN are not among its inputs: how
+they propagate through a sum depends on its order, which candidates are free to choose.
+
+A reference element that is NaN (undefined in float64 too, e.g. a softmax whose float64 exp
+overflowed, ``inf / inf``) is not compared: a kernel that shifts its exps may give the
+mathematically defined number there.
 
 A stress set that the library baseline (the graph run op by op, as PyTorch eager would) fails
 too shows an overflow of the graph itself in its dtype, not of a candidate: it is then not
@@ -28,12 +39,30 @@ from yirage._dtypes import bfloat16_bits
 from yirage._graph import KernelGraph
 from yirage._kernel import TOLERANCES, Shapes, to_numpy64
 
-__all__ = ["EXP_TARGET", "StressSet", "exp_stress", "stress_error", "stress_tolerance"]
+__all__ = [
+    "EXP_TARGET",
+    "EXTREMES_DENSITY",
+    "StressSet",
+    "dtype_extremes",
+    "exp_stress",
+    "extremes_stress",
+    "stress_error",
+    "stress_tolerance",
+]
 
 #: Largest exp argument the stress inputs aim at.
 EXP_TARGET = 120.0
 #: Unit roundoff of each dtype (relative spacing / 2).
 _UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+#: Fraction of each input's elements the extremes set replaces: sparse enough that most rows
+#: keep ordinary values next to the extreme ones (a dense sprinkle only overflows everything).
+EXTREMES_DENSITY = 1 / 64
+#: (largest finite, smallest normal, smallest subnormal) of each dtype.
+_LIMITS = {
+    "float32": (float(np.finfo(np.float32).max), 2.0**-126, 2.0**-149),
+    "float16": (65504.0, 2.0**-14, 2.0**-24),
+    "bfloat16": (float(np.float32(3.3895313892515355e38)), 2.0**-126, 2.0**-133),
+}
 
 
 @dataclass
@@ -186,11 +215,50 @@ def exp_stress(
     )
 
 
+def dtype_extremes(dtype: str) -> np.ndarray:
+    """The extreme finite values of ``dtype`` as float32 (each exact in ``dtype``): ±largest,
+    ±smallest normal, ±smallest subnormal, ±0."""
+    big, normal, sub = _LIMITS[dtype]
+    vals = [big, -big, normal, -normal, sub, -sub, 0.0, -0.0]
+    return np.array(vals, dtype=np.float32)
+
+
+def extremes_stress(
+    graph: KernelGraph,
+    shapes: Shapes,
+    check_arrays: Sequence[np.ndarray],
+    reference: Callable[[list[np.ndarray]], list[np.ndarray]],
+    seed: int,
+) -> StressSet:
+    """The check inputs with :data:`EXTREMES_DENSITY` of each input's elements (positions and
+    values drawn from ``seed``) replaced by its dtype's extremes (:func:`dtype_extremes`), and
+    their float64 reference. ``reference`` evaluates the graph in float64 on kernel-shaped
+    arrays."""
+    rng = np.random.default_rng([seed % 2**63, 0x657874])
+    arrays = []
+    for a, t in zip(check_arrays, graph.inputs, strict=True):
+        x = np.array(a, dtype=np.float32, copy=True)
+        values = dtype_extremes(t.dtype.name)
+        where = rng.random(x.shape) < EXTREMES_DENSITY
+        x[where] = values[rng.integers(0, len(values), size=int(np.count_nonzero(where)))]
+        arrays.append(_round_to(x, t.dtype.name))
+    kernel_arrays = shapes.to_kernel(arrays)
+    return StressSet(
+        name=(
+            "dtype extremes: ±largest, ±smallest normal, ±smallest subnormal and ±0 at "
+            f"1 in {round(1 / EXTREMES_DENSITY)} input elements"
+        ),
+        arrays=kernel_arrays,
+        reference=reference(kernel_arrays),
+    )
+
+
 def stress_error(
     outputs: Sequence[Any], reference: Sequence[np.ndarray], dtypes: Sequence[str]
 ) -> tuple[float, str | None]:
     """(worst relative error over the elements the reference keeps finite in the output
-    dtype, a reason when the finite/non-finite pattern differs)."""
+    dtype, a reason when the finite/non-finite pattern differs). A NaN of the reference is
+    not compared (see the module doc); an infinite one must be non-finite in the output."""
     worst = 0.0
     for i, (o, r, d) in enumerate(zip(outputs, reference, dtypes, strict=True)):
         got = to_numpy64(o)
@@ -205,7 +273,7 @@ def stress_error(
                 f"output {i}: {lost} of {finite.size} elements are NaN/Inf where the float64 "
                 "reference is finite"
             )
-        extra = int(np.count_nonzero(~finite & np.isfinite(got)))
+        extra = int(np.count_nonzero(np.isinf(want) & np.isfinite(got)))
         if extra:
             return math.inf, (
                 f"output {i}: {extra} elements are finite where the float64 reference overflows {d}"
