@@ -37,7 +37,7 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_python_dash_m_yirage_is_the_cli() -> None:
     proc = _run("--version")
     assert proc.returncode == 0, proc.stderr
-    assert "yirage: " in proc.stdout and "plugin_api: 1.1" in proc.stdout
+    assert "yirage: " in proc.stdout and "plugin_api: {}.{}".format(*yr.PLUGIN_API) in proc.stdout
 
 
 def test_doctor_fails_when_a_named_backend_fails(tmp_path: Path) -> None:

@@ -15,13 +15,14 @@ import re
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from yirage._errors import BackendUnavailableError, NotImplementedBackendError
 
 __all__ = [
+    "DEFAULT_VARIANT",
     "PLUGIN_API",
     "Backend",
     "DeviceSpec",
@@ -31,7 +32,10 @@ __all__ = [
 ]
 
 #: (major, minor) of the plugin contract. A plugin with another major is refused.
-PLUGIN_API: tuple[int, int] = (1, 1)
+#: 1.2 added :meth:`Backend.variants` (every code path of one plan races in superoptimize).
+PLUGIN_API: tuple[int, int] = (1, 2)
+#: The name of the one variant of a backend that prints one code path per plan.
+DEFAULT_VARIANT = "default"
 
 
 class VerificationLevel(enum.Enum):
@@ -194,21 +198,34 @@ class Backend(ABC):
         """Load a compiled artifact and return a launcher."""
         raise NotImplementedBackendError(self.name, self.package_version, "load")
 
+    def variants(self, launcher: Any) -> Mapping[str, Any]:
+        """The launchers of every code path this backend printed for one plan, by variant
+        name (e.g. "triton", "triton_split", "cuda"); ``launcher`` is what :meth:`load`
+        returned for the plan. ``superoptimize`` checks every variant against the float64
+        reference and races them with the other candidates' variants, once; the decision
+        cache stores the winner's name, and a warm call takes ``variants(...)[name]`` again,
+        so a name must print the same code path for the same plan in every call. Each value
+        is a launcher like :meth:`load` returns (callable on tensors, ``run_unchecked``,
+        ``input_specs``, ``output_specs``). The default: the one launcher, as
+        ``DEFAULT_VARIANT``."""
+        return {DEFAULT_VARIANT: launcher}
+
     def profile(self, launcher: Any, inputs: Any) -> Any:
-        """Time a launcher on the device."""
+        """Time one launcher (one variant) on the device, nothing more: no choice between
+        variants, no check of the outputs (``superoptimize`` races and checks)."""
         raise NotImplementedBackendError(self.name, self.package_version, "profile")
 
     def precompile(self, launchers: Sequence[Any], inputs: Sequence[Any]) -> None:
-        """Optional: finish compiling ``launchers`` (all candidates of one ``superoptimize``)
-        for ``inputs`` before their first runs, e.g. in parallel. The default does nothing:
-        a backend whose ``load`` returns ready code needs no more."""
+        """Optional: finish compiling ``launchers`` (every variant of every candidate of one
+        ``superoptimize``) for ``inputs`` before their first runs, e.g. in parallel. The
+        default does nothing: a backend whose ``load`` returns ready code needs no more."""
         del launchers, inputs
 
     def warm_time_us(self, launcher: Any, inputs: Any) -> float | None:
         """Optional: the launcher's time with its inputs already in cache (one input set,
         nothing flushed), for a profiler whose :meth:`profile` times cold caches. It breaks
-        ties between candidates whose cold times are within ``COLD_TIE_RATIO`` of each
-        other. The default (None) leaves the cold times alone."""
+        ties between contenders (candidate variants) whose cold times are within
+        ``COLD_TIE_RATIO`` of each other. The default (None) leaves the cold times alone."""
         del launcher, inputs
         return None
 

@@ -5,9 +5,10 @@ A vendor package imports from here and from ``yirage`` only, never from a privat
 name below keeps its meaning, and a minor adds names. A backend declares the
 ``plugin_api`` it was written for; yirage refuses one with another major or a newer minor.
 
-- the Backend contract: :class:`Backend`, :class:`ProbeOnlyBackend` (hardware probe and
-  DeviceSpec, no code generator yet), :class:`DeviceSpec`, :class:`ProbeResult`,
-  :class:`VerificationLevel`;
+- the Backend contract: :class:`Backend` (its :meth:`~Backend.variants` names every code path
+  printed for one plan; ``DEFAULT_VARIANT`` is the name of a backend's only one),
+  :class:`ProbeOnlyBackend` (hardware probe and DeviceSpec, no code generator yet),
+  :class:`DeviceSpec`, :class:`ProbeResult`, :class:`VerificationLevel`;
 - errors: :class:`BackendError` and the other ``yirage`` errors a backend raises;
 - the disk cache: :func:`entry_path` (a key from named parts), :func:`locked`,
   :func:`read_json` / :func:`write_json`, and for compiled artifacts :func:`store_artifact`,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from yirage import _core
 from yirage._backend import (
+    DEFAULT_VARIANT,
     PLUGIN_API,
     Backend,
     DeviceSpec,
@@ -69,6 +71,7 @@ CORE_VERSION: str = str(_core.__version__)
 
 __all__ = [
     "CORE_VERSION",
+    "DEFAULT_VARIANT",
     "LAYOUT_VERSION",
     "PLUGIN_API",
     "PRUNE_AFTER_ROUNDS",
