@@ -20,11 +20,13 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 VENDORS = ("cpu", "cuda", "rocm", "mps", "ascend", "tpu")
+#: Layers shared by vendor packages (installed with them; yirage-cuda depends on yirage-triton).
+LAYERS = ("triton",)
 HARDWARE = ("cuda", "rocm", "mps", "ascend", "tpu")
 #: Python sources type-checked (mypy --strict) by the lint session.
 TYPED_SOURCES = (
     "packages/yirage/python/yirage",
-    *(f"packages/yirage-{v}/yirage_{v}" for v in VENDORS),
+    *(f"packages/yirage-{v}/yirage_{v}" for v in (*LAYERS, *VENDORS)),
 )
 # torch (CPU use), triton (its interpreter runs the generated CUDA kernels without a GPU) and
 # matplotlib (benchmark plots) are test dependencies: without them those tests would skip.
@@ -58,7 +60,9 @@ def _install_yirage(session: nox.Session, *, vendors: bool = True) -> None:
     session.install("--force-reinstall", "--no-deps", str(wheel))
     if vendors:
         session.install(
-            "--force-reinstall", "--no-deps", *(f"./packages/yirage-{v}" for v in VENDORS)
+            "--force-reinstall",
+            "--no-deps",
+            *(f"./packages/yirage-{v}" for v in (*LAYERS, *VENDORS)),
         )
 
 

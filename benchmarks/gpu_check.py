@@ -71,7 +71,7 @@ def target_for(name: str) -> float | None:
 def graph_median(
     fn: Any, input_sets: list[list[Any]], repeats: int, flush: bool
 ) -> tuple[float | None, float, str | None]:
-    from yirage_cuda._runtime import time_callable
+    from yirage_triton import time_callable
 
     launch, replay, err = time_callable(
         fn, input_sets, warmup=10, repeats=repeats, flush_l2=flush, graph=True

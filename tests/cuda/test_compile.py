@@ -9,10 +9,11 @@ import plans
 import pytest
 from conftest import needs_triton
 
+import yirage_triton
+from yirage.plan import CodegenError, parse_plan
 from yirage_cuda import _toolchain
 from yirage_cuda._cuda_codegen import CudaCppOptions, generate_cuda
-from yirage_cuda._plan import CodegenError, parse_plan
-from yirage_cuda._triton_codegen import TritonOptions, generate_triton, loop_split
+from yirage_triton import TritonOptions, generate_triton, loop_split
 
 SMALL = [c for dt in ("float32", "float16", "bfloat16") for c in plans.small_cases(dt)]
 TARGETS = plans.target_cases("float16") + plans.target_cases("bfloat16")[:1]
@@ -33,12 +34,14 @@ needs_nvrtc = pytest.mark.skipif(
 @pytest.mark.parametrize("case", ALL, ids=[_id(c) for c in ALL])
 def test_triton_kernels_compile_for_sm90(case: plans.Case) -> None:
     src = generate_triton(case.plan, TritonOptions(smem_limit=227 * 1024))
-    path = _toolchain.write_triton_module(src.text, src.codegen_version)
-    module = _toolchain.load_triton_module(path, interpret=False)
-    info = _toolchain.aot_compile_triton(module, {b.id: b.dtype for b in src.plan.buffers}, arch=90)
+    path = yirage_triton.write_triton_module(src.text, src.codegen_version)
+    module = yirage_triton.load_triton_module(path, interpret=False)
+    info = yirage_triton.aot_compile_triton(
+        module, {b.id: b.dtype for b in src.plan.buffers}, arch=90
+    )
     assert set(info) == {k.name for k in src.plan.generated}
     for k in info.values():
-        assert k["cubin_bytes"] > 0
+        assert k["binary_bytes"] > 0
         assert k["shared"] <= 227 * 1024
 
 
@@ -64,12 +67,12 @@ def test_split_kernels_compile_for_sm90(case: plans.Case) -> None:
         if src.text in texts:
             continue
         texts.add(src.text)
-        path = _toolchain.write_triton_module(src.text, src.codegen_version)
-        module = _toolchain.load_triton_module(path, interpret=False)
+        path = yirage_triton.write_triton_module(src.text, src.codegen_version)
+        module = yirage_triton.load_triton_module(path, interpret=False)
         dtypes = {b.id: b.dtype for b in plan.buffers}
-        info = _toolchain.aot_compile_triton(module, dtypes, arch=90)
+        info = yirage_triton.aot_compile_triton(module, dtypes, arch=90)
         assert set(info) == {k.name for k in plan.generated}
-        assert all(k["cubin_bytes"] > 0 for k in info.values())
+        assert all(k["binary_bytes"] > 0 for k in info.values())
     assert len(texts) == (2 if case.workload == "qknorm_gqa" else 1)
 
 

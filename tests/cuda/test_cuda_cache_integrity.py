@@ -3,7 +3,7 @@
 On a GPU (``pytest -m cuda``): the cubin and PTX of the CUDA C++ variant and the Triton module
 are damaged and both variants run again in a fresh process against float64 references.
 
-Without a GPU: the printed Triton module (``cuda-triton``, imported by the Triton interpreter)
+Without a GPU: the printed Triton module (``triton``, imported by the Triton interpreter)
 and the host build of the printed CUDA C++ (``cuda-emulation``, a shared object loaded with
 ctypes, where a truncated file would die with SIGBUS) are damaged and the plan run again in a
 fresh process against float64 references. The cubin/PTX entries (``cuda-cubin``) are checked
@@ -25,6 +25,7 @@ import pytest
 from _cache_damage import DAMAGES, corrupt_warnings, damage, run_child
 from conftest import needs_triton
 
+import yirage_triton
 from yirage import _cache
 from yirage_cuda import _toolchain
 from yirage_cuda._emulate import host_compiler
@@ -79,8 +80,9 @@ def _triton_module(cache: Path, interpret: bool = True) -> Path:
     from yirage_cuda import CudaBackend
 
     triton = CudaBackend(interpret=interpret).codegen(plans.rmsnorm_linear().plan).triton
-    key = _toolchain._triton_key(triton.text, triton.codegen_version)
-    return cache / "v1" / "cuda-triton" / _cache.entry_path("cuda-triton", key, ".py").name
+    key = yirage_triton.triton_key(triton.text, triton.codegen_version)
+    kind = yirage_triton.MODULE_CACHE
+    return cache / "v1" / kind / _cache.entry_path(kind, key, ".py").name
 
 
 def _entries(cache: Path) -> list[Path]:
@@ -123,14 +125,14 @@ def test_a_module_damaged_after_writing_is_not_imported(
 ) -> None:
     monkeypatch.setenv("YIRAGE_CACHE_DIR", str(tmp_path))
     text = "import triton\nKERNELS = {}\n"
-    path = _toolchain.write_triton_module(text, "cache-integrity-test")
+    path = yirage_triton.write_triton_module(text, "cache-integrity-test")
     damage(path, "truncated")
     with caplog.at_level(logging.WARNING, logger="yirage"):
         with pytest.raises(_toolchain.ToolchainError, match="compile the source again"):
-            _toolchain.load_triton_module(path, interpret=True)
-        assert _toolchain.write_triton_module(text, "cache-integrity-test") == path
+            yirage_triton.load_triton_module(path, interpret=True)
+        assert yirage_triton.write_triton_module(text, "cache-integrity-test") == path
     assert len(corrupt_warnings([r.getMessage() for r in caplog.records], path)) == 1
-    assert _toolchain.load_triton_module(path, interpret=True).KERNELS == {}
+    assert yirage_triton.load_triton_module(path, interpret=True).KERNELS == {}
 
 
 _GPU_CHILD = """

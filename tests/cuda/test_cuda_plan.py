@@ -13,7 +13,7 @@ import pytest
 from _plan_ref import run_plan
 
 import yirage as yr
-from yirage_cuda._plan import PlanError, parse_plan
+from yirage.plan import PlanError, parse_plan
 
 CASES = plans.small_cases()
 

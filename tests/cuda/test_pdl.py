@@ -14,9 +14,10 @@ import plans
 import pytest
 from conftest import needs_triton
 
-from yirage_cuda import CudaBackend, _toolchain
-from yirage_cuda._plan import parse_plan
-from yirage_cuda._triton_codegen import TritonOptions, generate_triton, loop_split
+import yirage_triton
+from yirage.plan import parse_plan
+from yirage_cuda import CudaBackend, _backend, _toolchain
+from yirage_triton import TritonOptions, generate_triton, loop_split
 
 TARGETS = plans.target_cases("float16")
 WAIT = "tl.extra.cuda.gdc_wait()"
@@ -95,9 +96,9 @@ def test_pdl_kernels_compile_with_the_wait_in_their_ptx() -> None:
     dtypes = {b.id: b.dtype for b in parse_plan(case.plan).buffers}
     for pdl in (True, False):
         src = generate_triton(case.plan, TritonOptions(smem_limit=227 * 1024, pdl=pdl))
-        path = _toolchain.write_triton_module(src.text, src.codegen_version)
-        module = _toolchain.load_triton_module(path, interpret=False)
-        info = _toolchain.aot_compile_triton(module, dtypes, arch=90)
+        path = yirage_triton.write_triton_module(src.text, src.codegen_version)
+        module = yirage_triton.load_triton_module(path, interpret=False)
+        info = yirage_triton.aot_compile_triton(module, dtypes, arch=90)
         assert [k["pdl"] for k in info.values()] == [pdl] * len(info)
 
 
@@ -118,11 +119,11 @@ def _device(cc: tuple[int, int]) -> _toolchain.DeviceInfo:
 def test_backend_turns_pdl_on_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("YIRAGE_CUDA_PDL", raising=False)
     triton_pdl = [True]
-    monkeypatch.setattr(_toolchain, "triton_has_pdl", lambda: triton_pdl[0])
+    monkeypatch.setattr(_backend, "triton_has_pdl", lambda: triton_pdl[0])
     device: list[Any] = [_device((9, 0))]
     monkeypatch.setattr(_toolchain, "device_info", lambda index=None: device[0])
     be = CudaBackend(cuda_cpp=False)
-    assert be._pdl()
+    assert be.use_pdl()
     text = be.codegen(plans.rmsnorm_linear(dtype="float16").plan).triton.text
     assert WAIT in text and "launch_pdl=True" in text
 
@@ -130,16 +131,16 @@ def test_backend_turns_pdl_on_only_where_it_runs(monkeypatch: pytest.MonkeyPatch
     assert "gdc_" not in be.codegen(plans.gqa_decode(dtype="float16").plan).triton.text
 
     monkeypatch.setenv("YIRAGE_CUDA_PDL", "0")
-    assert not be._pdl()
+    assert not be.use_pdl()
     assert "gdc_" not in be.codegen(plans.rmsnorm_linear(dtype="float16").plan).triton.text
     monkeypatch.delenv("YIRAGE_CUDA_PDL")
 
     device[0] = _device((8, 0))  # Ampere has no griddepcontrol
-    assert not be._pdl()
+    assert not be.use_pdl()
     device[0] = None  # no GPU
-    assert not be._pdl()
+    assert not be.use_pdl()
     device[0] = _device((9, 0))
     triton_pdl[0] = False  # a Triton without gdc_wait
-    assert not be._pdl()
+    assert not be.use_pdl()
     triton_pdl[0] = True
-    assert not CudaBackend(interpret=True)._pdl()
+    assert not CudaBackend(interpret=True).use_pdl()

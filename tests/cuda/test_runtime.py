@@ -13,8 +13,9 @@ import pytest
 from conftest import needs_triton
 
 import yirage as yr
+import yirage_triton
 from yirage_cuda import _verification
-from yirage_cuda._runtime import InputError, check_inputs
+from yirage_triton import InputError, check_inputs
 
 pytestmark = needs_triton
 
@@ -30,7 +31,7 @@ def torch() -> Any:
 def test_cpu_tensors_are_refused_with_the_fix() -> None:
     t = torch()
     xs = [t.zeros(8, 512, dtype=t.float16), t.zeros(512, 768, dtype=t.float16)]
-    with pytest.raises(InputError, match=r"input 0 is on cpu.*\.cuda\(\).*backend='cpu'"):
+    with pytest.raises(InputError, match=r"input 0 is on cpu.*tensor\.to\('cuda'\).*backend='cpu'"):
         check_inputs(xs, SPECS)
 
 
@@ -63,7 +64,7 @@ def test_gpu_launcher_refuses_cpu_tensors_before_launching() -> None:
     kernel = be.load(be.compile(be.codegen(case.plan)))
     t = torch()
     xs = [t.zeros(d, dtype=t.float16) for d, _ in case.inputs]
-    with pytest.raises(InputError, match=r"\.cuda\(\)"):
+    with pytest.raises(InputError, match=r"\.to\('cuda'\)"):
         kernel(*xs)
     with pytest.raises(InputError, match="either positionally or as inputs"):
         kernel(xs[0], inputs=xs)
@@ -135,23 +136,22 @@ def test_registered_backend(fresh_registry: None) -> None:
 
 def test_interpreted_and_compiled_kernels_mix_in_one_process(interp: Any) -> None:
     """Interpreter runs leave Triton usable for GPU compilation and vice versa."""
-    from yirage_cuda import _toolchain
 
     case = plans.zoo_odd()
     kernel = interp.load(interp.compile(interp.codegen(case.plan)))
     src = interp.codegen(plans.rmsnorm_linear().plan)
-    path = _toolchain.write_triton_module(src.triton.text, src.triton.codegen_version)
-    module = _toolchain.load_triton_module(path, interpret=False)
+    path = yirage_triton.write_triton_module(src.triton.text, src.triton.codegen_version)
+    module = yirage_triton.load_triton_module(path, interpret=False)
     dtypes = {b.id: b.dtype for b in src.plan.buffers}
     for _ in range(2):
         kernel(*interp.random_inputs(kernel.input_specs))
-        assert _toolchain.aot_compile_triton(module, dtypes)["rms_mm"]["cubin_bytes"] > 0
+        assert yirage_triton.aot_compile_triton(module, dtypes)["rms_mm"]["binary_bytes"] > 0
 
 
 def test_matmul_fp32_off_cuda_computes_in_16_bit_then_converts() -> None:
     """Library matmuls of 16-bit operands into float32 intermediates: off CUDA (CPU tensors,
     as in the interpreter) the product is computed in the operands' dtype and converted."""
-    from yirage_cuda._runtime import matmul_fp32
+    from yirage_triton import matmul_fp32
 
     t = torch()
     gen = t.Generator().manual_seed(0)
@@ -164,110 +164,47 @@ def test_matmul_fp32_off_cuda_computes_in_16_bit_then_converts() -> None:
     assert batched.dtype == t.float32 and t.equal(batched.reshape(8, 32), out)
 
 
-def test_profile_rounds_choose_the_variant_with_the_best_recorded_time(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Over superoptimize's profiling rounds a variant keeps its best median and the kernel
-    ends on the variant with the lowest one, so the chosen variant is the one whose time the
-    candidate records (the last round's winner may differ)."""
-    from types import SimpleNamespace
-
-    from yirage_cuda import CudaBackend, _backend
-    from yirage_cuda._backend import CudaKernel
-
-    t = torch()
-    out = [t.ones(2)]
-
-    class Fake:
-        output_specs = (((2,), "float32"),)
-        interpret = True
-
-        def __call__(self, *xs: Any) -> list[Any]:
-            return out
-
-    script = {"triton": [10.0, 30.0], "triton_split": [20.0, 15.0]}
-    calls = {"triton": 0, "triton_split": 0}
-    fakes = {name: Fake() for name in script}
-
-    def fake_profile(var: Any, inputs: Any, **_: Any) -> Any:
-        name = next(n for n, f in fakes.items() if f is var)
-        calls[name] += 1
-        return SimpleNamespace(median_us=script[name][calls[name] - 1])
-
-    monkeypatch.setattr(_backend, "profile", fake_profile)
-    kernel = CudaKernel(dict(fakes))
-    be = CudaBackend(interpret=True)
-    first = be.profile(kernel, [t.zeros(2)])
-    assert (kernel.variant, first.median_us) == ("triton", 10.0)
-    second = be.profile(kernel, [t.zeros(2)])
-    # this round split won (15 < 30), but triton's recorded best (10) is lower overall
-    assert kernel.variant == "triton" and second.median_us == 30.0
-    assert kernel.timings == {"triton": 10.0, "triton_split": 15.0}
-    assert kernel.contenders == ["triton", "triton_split"]
-
-
-def test_profile_drops_variants_far_behind(interp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After PRUNE_AFTER_ROUNDS profile calls, a variant over PRUNE_RATIO times the best one
-    is not timed again; the others keep their best time."""
-    from yirage_cuda import _backend
-    from yirage_cuda._backend import CudaKernel
-    from yirage_cuda._runtime import ProfileResult
-
-    speed = {"triton": 10.0, "triton_split": 30.0, "triton_deep": 11.0}
-    timed: list[str] = []
-
-    def fake_profile(launcher: Any, inputs: Any, **kw: Any) -> ProfileResult:
-        timed.append(launcher.name)
-        t = speed[launcher.name]
-        return ProfileResult(t, t, t, t, None, 1, 0, 1, False, "cudagraph", "fake")
-
-    monkeypatch.setattr(_backend, "profile", fake_profile)
-    launchers = {name: SimpleNamespace(name=name, interpret=True) for name in speed}
-    kernel = CudaKernel(launchers)  # type: ignore[arg-type]
-    kernel.contenders = list(speed)
-    for _ in range(5):
-        interp.profile(kernel, inputs=[])
-    calls = _backend.PRUNE_AFTER_ROUNDS
-    assert timed.count("triton_split") == calls
-    assert timed.count("triton") == timed.count("triton_deep") == 5
-    assert kernel.variant == "triton" and kernel.timings["triton_split"] == 30.0
-
-
-def test_profile_breaks_cold_ties_by_the_warm_time(
+def test_profile_times_only_the_launcher_it_is_given(
     interp: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Variants whose best cold medians are within COLD_TIE_RATIO of the best one are
-    ordered by their replay time with the inputs in L2, measured once per variant; a variant
-    further behind is never warm-timed, and ``warm_time_us`` reports the chosen variant's."""
-    from yirage_cuda import _backend
-    from yirage_cuda._backend import CudaKernel
-    from yirage_cuda._runtime import ProfileResult
+    """No race inside profile: it times the one launcher (a kernel: the variant it runs)
+    with the backend's timing session, chooses nothing and remembers nothing."""
+    from yirage_triton import TritonKernel, _backend
 
-    cold = {"triton": 19.9, "triton_split": 19.5, "triton_split_half": 19.0, "triton_deep": 25.0}
-    warm = {"triton": 12.0, "triton_split": 10.0, "triton_split_half": 14.0, "triton_deep": 1.0}
-    warmed: list[str] = []
+    timed: list[tuple[str, Any]] = []
 
-    def fake_profile(launcher: Any, inputs: Any, **kw: Any) -> ProfileResult:
-        t = cold[launcher.name]
-        return ProfileResult(t, t, t, t, None, 1, 0, 1, False, "cudagraph", "fake")
-
-    def fake_warm(launcher: Any, inputs: Any) -> float:
-        warmed.append(launcher.name)
-        return warm[launcher.name]
+    def fake_profile(launcher: Any, inputs: Any, **kw: Any) -> Any:
+        timed.append((launcher.name, kw.get("session")))
+        return SimpleNamespace(median_us={"triton": 10.0, "triton_split": 5.0}[launcher.name])
 
     monkeypatch.setattr(_backend, "profile", fake_profile)
-    monkeypatch.setattr(_backend, "warm_median_us", fake_warm)
-    launchers = {n: SimpleNamespace(name=n, interpret=False, plan=None) for n in cold}
-    kernel = CudaKernel(launchers)  # type: ignore[arg-type]
-    kernel.contenders = list(cold)
-    for _ in range(2):
-        r = interp.profile(kernel, inputs=[])
-        assert kernel.variant == "triton_split" and r.median_us == 19.5
-    assert sorted(warmed) == ["triton", "triton_split", "triton_split_half"]
-    assert interp.warm_time_us(kernel, []) == 10.0 and len(warmed) == 3
-    for launcher in launchers.values():
-        launcher.interpret = True  # the interpreter's wall-clock times break no ties
-    assert interp.warm_time_us(kernel, []) is None
+    launchers = {n: SimpleNamespace(name=n, interpret=True) for n in ("triton", "triton_split")}
+    kernel = TritonKernel(dict(launchers))
+    assert interp.profile(kernel, inputs=[]).median_us == 10.0
+    assert interp.profile(launchers["triton_split"], inputs=[]).median_us == 5.0
+    assert kernel.variant == "triton"  # the faster variant was not chosen here
+    with interp.profiling_session():
+        interp.profile(kernel, inputs=[])
+    assert [n for n, _ in timed] == ["triton", "triton_split", "triton"]
+    assert timed[0][1] is None and timed[2][1] is not None  # the session's graphs are shared
+    assert dict(interp.variants(kernel)) == launchers
+    assert interp.variants(launchers["triton"]) == {"triton": launchers["triton"]}
+
+
+def test_warm_time_is_the_given_launchers(interp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """warm_time_us replays the launcher given (a kernel: its variant), None in the
+    interpreter, whose wall-clock times break no ties."""
+    from yirage_triton import TritonKernel, _backend
+
+    monkeypatch.setattr(_backend, "warm_median_us", lambda launcher, inputs: launcher.warm)
+    gpu_like = {
+        n: SimpleNamespace(interpret=False, warm=w) for n, w in (("triton", 12.0), ("x", 3.0))
+    }
+    kernel = TritonKernel(dict(gpu_like))
+    assert interp.warm_time_us(kernel, []) == 12.0
+    kernel.variant = "x"
+    assert interp.warm_time_us(kernel, []) == 3.0
+    assert interp.warm_time_us(SimpleNamespace(interpret=True, warm=1.0), []) is None
 
 
 def _draw_checks(be: Any, device: str) -> None:
@@ -289,30 +226,43 @@ def test_check_inputs_drawn_by_the_backend(interp: Any) -> None:
     assert interp.check_input_generator().endswith(" on cpu")
 
 
-def test_cuda_cpp_variant_waits_only_when_needed() -> None:
-    """The C++ compile runs in the background (CudaBackend.compile): the kernel's ready
-    variants and its active ready variant do not wait for it, ``variants`` resolves it once,
-    and ``wait_cuda`` turns a failed compile into the error that the kernel's note quotes."""
+def test_cuda_cpp_variant_waits_at_its_first_use_and_fails_alone(interp: Any) -> None:
+    """The C++ compile runs in the background (CudaBackend.compile): ``load`` and
+    ``variants`` do not wait for it, the Triton variant runs meanwhile, and the "cuda"
+    launcher's first use waits and raises the compile's error (that variant only)."""
     from concurrent.futures import Future
 
-    from yirage._errors import BackendError
-    from yirage_cuda._backend import CudaArtifact, CudaKernel
+    from yirage.plugin import BackendError
+    from yirage_cuda._backend import PendingCudaCpp
 
+    case = plans.gated_mlp()
+    art = interp.compile(interp.codegen(case.plan))
+    assert art.source.cuda is not None and art.cuda_future is None  # printed, not compiled
     failed: Future[Any] = Future()
-    art = CudaArtifact(SimpleNamespace(), None, False, cuda_future=failed)  # type: ignore[arg-type]
-    resolved: list[bool] = []
-
-    def add(k: CudaKernel) -> None:
-        resolved.append(failed.done())  # False: resolved before the compile finished
-        art.wait_cuda()
-
-    kernel = CudaKernel({"triton": SimpleNamespace()}, pending=add)  # type: ignore[dict-item]
-    assert set(kernel.built_variants) == {"triton"}
-    assert kernel.active is kernel.built_variants["triton"]
-    assert not resolved
+    art.cuda_future = failed
+    kernel = interp.load(art)  # returns while the compile still runs
+    variants = interp.variants(kernel)
+    cpp = variants["cuda"]
+    assert isinstance(cpp, PendingCudaCpp) and not failed.done()
+    assert cpp.input_specs == kernel.input_specs and cpp.output_specs == kernel.output_specs
+    tensors = interp.random_inputs(kernel.input_specs)
+    (want,) = variants["triton"](*tensors)  # the Triton variant does not wait
     failed.set_exception(BackendError("nvrtc: error: identifier 'x' is undefined"))
-    assert set(kernel.variants) == {"triton"}
-    assert resolved == [True]
-    assert art.cuda_future is None
-    assert art.cuda_error == "nvrtc: error: identifier 'x' is undefined"
-    assert set(kernel.variants) == {"triton"} and resolved == [True]  # resolved once
+    for _ in range(2):  # the error is the variant's, every time it is used
+        with pytest.raises(BackendError, match="did not compile: nvrtc: error: identifier"):
+            cpp(*tensors)
+    assert art.cuda_future is None and art.cuda_error == "nvrtc: error: identifier 'x' is undefined"
+    (again,) = kernel(*tensors)
+    assert torch().equal(again, want)
+
+
+def test_a_cuda_cpp_refusal_is_a_note_not_a_variant(interp: Any) -> None:
+    """Without a compile (the printer refused the plan) there is no "cuda" launcher, and
+    the kernel's note says why."""
+    art = interp.compile(interp.codegen(plans.gated_mlp().plan))
+    art.cuda_error = "CodegenError: the tile does not fit in shared memory"
+    kernel = interp.load(art)
+    assert "cuda" not in interp.variants(kernel)
+    assert kernel.notes == [
+        "CUDA C++ variant unavailable: CodegenError: the tile does not fit in shared memory"
+    ]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import needs_triton
 
+import yirage_triton
 from yirage import _core
 
 pytestmark = [
@@ -95,9 +96,9 @@ def test_every_search_candidate_compiles_for_sm90_and_emulates(interp: Any, name
     reference = graph.evaluate([to_numpy64(t) for t in tensors])
     for cand in cands:
         src = interp.codegen(cand.kernel_plan())
-        path = _toolchain.write_triton_module(src.triton.text, src.triton.codegen_version)
-        module = _toolchain.load_triton_module(path, interpret=False)
-        _toolchain.aot_compile_triton(module, {b.id: b.dtype for b in src.plan.buffers}, arch=90)
+        path = yirage_triton.write_triton_module(src.triton.text, src.triton.codegen_version)
+        module = yirage_triton.load_triton_module(path, interpret=False)
+        yirage_triton.aot_compile_triton(module, {b.id: b.dtype for b in src.plan.buffers}, arch=90)
         if src.cuda is None:
             continue  # the C++ printer refused (shared memory); recorded in src.cuda_error
         if _toolchain.nvrtc_available():

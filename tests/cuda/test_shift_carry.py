@@ -50,7 +50,7 @@ def _split_backend(combine: str, last_block: bool) -> Any:
     """The interpreter backend printing the producer's loop split 2 ways, and the combine's
     too where it has a loop."""
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import TritonOptions
+    from yirage_triton import TritonOptions
 
     splits = (("attn_split", 2), ("attn_combine", 2)) if combine == "loop" else (("attn_split", 2),)
     opts = TritonOptions(split_loop=splits, last_block_combine=last_block)
@@ -133,7 +133,7 @@ def test_plan_checks_of_the_shift_fields() -> None:
     a shifted input without its shift_carry, and maxima that do not cover the input tile."""
     import copy
 
-    from yirage_cuda._plan import PlanError, parse_plan
+    from yirage.plan import PlanError, parse_plan
 
     case = plans.gqa_decode(combine="loop")
     parse_plan(case.plan)

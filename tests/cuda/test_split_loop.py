@@ -19,7 +19,7 @@ TOL = {"float32": 2e-5, "float16": 3e-3}
 def _splits(case: plans.Case, want: int) -> tuple[tuple[str, int], ...]:
     """Split every generated kernel whose loop allows it by the largest power of two ≤ want
     that divides the loop and leaves each part ≥ 1 iteration."""
-    from yirage_cuda._plan import parse_plan
+    from yirage.plan import parse_plan
 
     out = []
     for k in parse_plan(case.plan).generated:
@@ -33,7 +33,7 @@ def _splits(case: plans.Case, want: int) -> tuple[tuple[str, int], ...]:
 
 def _backend(splits: tuple[tuple[str, int], ...], last_block: bool = True) -> Any:
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import TritonOptions
+    from yirage_triton import TritonOptions
 
     opts = TritonOptions(bf16_dot_as_fp32=True, split_loop=splits, last_block_combine=last_block)
     return CudaBackend(interpret=True, cuda_cpp=False, triton_options=opts)
@@ -104,7 +104,7 @@ def test_combine_rescales_to_the_common_row_max(last_block: bool) -> None:
 
 
 def test_split_rejects_a_split_that_does_not_divide_the_loop() -> None:
-    from yirage_cuda._plan import CodegenError
+    from yirage.plan import CodegenError
 
     case = plans.attention_fused()  # forloop 8
     with pytest.raises(CodegenError, match="does not divide forloop"):
@@ -112,8 +112,8 @@ def test_split_rejects_a_split_that_does_not_divide_the_loop() -> None:
 
 
 def test_loop_split_heuristic() -> None:
-    from yirage_cuda._plan import parse_plan
-    from yirage_cuda._triton_codegen import loop_split
+    from yirage.plan import parse_plan
+    from yirage_triton import loop_split
 
     # rmsnorm_linear at the H100 shape: few blocks, a long loop → split until ≥ 2 blocks/SM
     big = plans.rmsnorm_linear(b=8, h=4096, n=6144, tn=128, tk=64, dtype="float16")
@@ -142,8 +142,8 @@ def test_split_pipeline_depth() -> None:
     """A split part kernel is never pipelined deeper than its share of the loop, and by
     default shallow enough for two blocks per SM unless that leaves one stage (then two, for
     one block); the deep printing keeps more stages."""
-    from yirage_cuda._plan import parse_plan
-    from yirage_cuda._triton_codegen import DEEP_STAGES, TritonOptions, generate_triton
+    from yirage.plan import parse_plan
+    from yirage_triton import DEEP_STAGES, TritonOptions, generate_triton
 
     case = plans.attention_fused(batch=16, rows=4, d=128, kv_len=4096, tl=128, dtype="float16")
     (k,) = parse_plan(case.plan).generated
@@ -177,7 +177,7 @@ def test_warmup_compiles_without_running() -> None:
     """The printed ``warmup(inputs)`` queues every generated kernel's compilation (the part
     and combine kernels of a split loop included) and allocates, never runs, library
     kernels' outputs."""
-    from yirage_cuda._triton_codegen import TritonOptions, generate_triton
+    from yirage_triton import TritonOptions, generate_triton
 
     case = plans.mixed_library()
     text = generate_triton(case.plan, TritonOptions()).text
@@ -202,7 +202,7 @@ def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
     without a normalised dot operand gets no scaled printing). The interpreter prints only
     the split."""
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import DEEP_STAGES, DEFAULT_STAGES, MAX_SPLIT
+    from yirage_triton import DEEP_STAGES, DEFAULT_STAGES, MAX_SPLIT
 
     mlp = plans.gated_mlp(b=8, h=4096, n=4096, tn=512, tk=16, dtype="float16")
     src = CudaBackend(cuda_cpp=False).codegen(mlp.plan)

@@ -1,4 +1,4 @@
-"""Finer for-loops (yirage_cuda._subtile): a kernel whose loop chunks are only summed over
+"""Finer for-loops (yirage_triton._subtile): a kernel whose loop chunks are only summed over
 is printed with each chunk cut f ways, matches the float64 reference in the Triton
 interpreter, and anything else is refused."""
 
@@ -11,8 +11,8 @@ import pytest
 from conftest import needs_triton
 from test_triton_interpreter import TOL, rel_err, run_case
 
-from yirage_cuda._plan import CodegenError, parse_plan
-from yirage_cuda._subtile import loop_subtile, subtile_kernel
+from yirage.plan import CodegenError, parse_plan
+from yirage_triton import loop_subtile, subtile_kernel
 
 pytestmark = needs_triton
 
@@ -33,7 +33,7 @@ def _kernel(case: plans.Case, name: str | None = None) -> Any:
 @pytest.mark.parametrize("name", sorted(LEGAL))
 def test_cut_chunks_match_the_reference(name: str, dtype: str) -> None:
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import TritonOptions
+    from yirage_triton import TritonOptions
 
     case = LEGAL[name](dtype=dtype)
     p = parse_plan(case.plan)
@@ -85,7 +85,7 @@ def test_refused_where_a_chunk_is_not_only_summed() -> None:
     kb.store(o, kb.accum(kb.load(x, [8, 32], d1=[("iter", 32)])))
     assert subtile_kernel(_kernel(plans.Case("y", pb.plan, [], lambda: [])), 2) is None
     # the printer refuses a cut that does not apply, naming the kernel
-    from yirage_cuda._triton_codegen import TritonOptions, generate_triton
+    from yirage_triton import TritonOptions, generate_triton
 
     with pytest.raises(CodegenError, match=r"'odd'.*cannot be cut 2 ways"):
         generate_triton(plans.zoo_odd().plan, TritonOptions(subtile=(("odd", 2),)))

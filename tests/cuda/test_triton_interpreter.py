@@ -115,7 +115,7 @@ def test_normalised_dot_operand_is_scaled_after_the_dot(dtype: str) -> None:
     instead (the tile streams into the dot; its sum of squares reads a second copy); with
     ``scale_after_dot`` off the quotient is printed as before. Both match the reference."""
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import TritonOptions
+    from yirage_triton import TritonOptions
 
     case = plans.gqa_decode(qk_norm=True, dtype=dtype)
     backends = {
@@ -155,7 +155,7 @@ def test_norm_sums_on_tensor_cores_and_one_load_without_pipeline() -> None:
     with one pipeline stage the K tile is loaded once, its squares read the dot operand's
     copy, and the result matches the reference."""
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import TritonOptions
+    from yirage_triton import TritonOptions
 
     case = plans.gqa_decode(qk_norm=True, dtype="float16")
     one_stage = TritonOptions(scale_after_dot=True, bf16_dot_as_fp32=True, num_stages=1)
@@ -173,7 +173,7 @@ def test_scaled_dot_with_padded_tiles(dtype: str) -> None:
     """d = 48 and kv tiles of 40 are padded to 64: the divisor's padded lanes read 1, so the
     scaled scores stay finite and the result matches the reference."""
     from yirage_cuda import CudaBackend
-    from yirage_cuda._triton_codegen import TritonOptions
+    from yirage_triton import TritonOptions
 
     case = plans.gqa_decode(qk_norm=True, dtype=dtype, d=48, kv_len=480, splits=4, tl=40, group=3)
     opts = TritonOptions(bf16_dot_as_fp32=True, scale_after_dot=True)

@@ -1,6 +1,7 @@
-"""The NVIDIA CUDA backend of yirage: KernelPlans printed as Triton (primary) and CUDA C++
-(second path, profiled against Triton per candidate), compiled with Triton / NVRTC or nvcc,
-run through torch.cuda on the current stream.
+"""The NVIDIA CUDA backend of yirage: KernelPlans printed as Triton by the shared Triton layer
+(yirage-triton, for the NVIDIA target) and as CUDA C++ (one more variant that superoptimize
+checks and times beside the Triton ones), compiled with Triton / NVRTC or nvcc, run through
+torch.cuda on the current stream.
 
 yirage finds it through the ``yirage.backends`` entry point, which calls :func:`register`.
 ``CudaBackend(interpret=True)`` runs the generated Triton kernels in the Triton interpreter on

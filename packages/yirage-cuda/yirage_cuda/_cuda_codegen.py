@@ -2,8 +2,9 @@
 
 One ``extern "C" __global__`` function per generated kernel, compiled by NVRTC or nvcc
 (:mod:`yirage_cuda._toolchain`) and launched through the driver API
-(:class:`yirage_cuda._runtime.CudaCppLauncher`); a small Python host module (same launcher
-as the Triton path, :mod:`yirage_cuda._host`) allocates buffers and runs library kernels.
+(:class:`yirage_cuda._cpp_runtime.CudaCppLauncher`); a small Python host module (same
+launcher as the Triton path, :func:`yirage_triton.launcher_lines`) allocates buffers and runs
+library kernels.
 
 The printed code includes no header (the pip NVRTC ships without the toolkit's include tree):
 16-bit values are raw ``unsigned short`` converted with ``cvt`` instructions, tensor-core
@@ -38,8 +39,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from yirage_cuda._host import launcher_lines
-from yirage_cuda._plan import CodegenError, GeneratedKernel, Plan, TileAccess, TileOp, parse_plan
+from yirage.plan import CodegenError, GeneratedKernel, Plan, TileAccess, TileOp, parse_plan
+from yirage_triton import launcher_lines
 
 __all__ = ["CODEGEN_VERSION", "CudaCppOptions", "CudaCppSource", "generate_cuda"]
 
@@ -1035,7 +1036,7 @@ def generate_cuda(plan: object, options: CudaCppOptions | None = None) -> CudaCp
         f"({CODEGEN_VERSION}).",
         "import torch",
         "",
-        "_yr_launch = None  # set by yirage_cuda._runtime.CudaCppLauncher",
+        "_yr_launch = None  # set by yirage_cuda._cpp_runtime.CudaCppLauncher",
         f"PLAN_HASH = {p.graph_hash!r}",
         f"KERNELS = {kernels!r}",
         "",

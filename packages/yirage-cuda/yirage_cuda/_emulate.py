@@ -24,8 +24,7 @@ from typing import Any
 
 from yirage import plugin
 from yirage_cuda._cuda_codegen import CudaCppSource
-from yirage_cuda._runtime import CudaLauncher
-from yirage_cuda._toolchain import ToolchainError
+from yirage_triton import Launcher, ToolchainError
 
 __all__ = ["EmulatedCudaCpp", "host_compiler"]
 
@@ -105,7 +104,7 @@ class EmulatedCudaCpp:
                         ctypes.c_void_p(smem.ctypes.data),
                     )
 
-    def launcher(self) -> CudaLauncher:
+    def launcher(self) -> Launcher:
         import types
 
         mod = types.ModuleType(f"yirage_cuda_emu_{self.src.digest[:16]}")
@@ -114,6 +113,6 @@ class EmulatedCudaCpp:
             mod.__dict__,
         )
         mod.__dict__["_yr_launch"] = self.launch_kernel
-        launcher = CudaLauncher(self.src.plan, self.src.text, mod, interpret=True)
+        launcher = Launcher(self.src.plan, self.src.text, mod, interpret=True)
         launcher.language = "cuda (host emulation)"
         return launcher

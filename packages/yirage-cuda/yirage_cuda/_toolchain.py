@@ -1,16 +1,11 @@
-"""CUDA toolchain wrapper: versions, device properties, compiling and caching artifacts.
+"""CUDA toolchain wrapper: versions, device properties, compiling and caching CUDA C++.
 
-* Triton: printed modules are written to the yirage cache (``cuda-triton`` entries, keyed by
-  the source hash, the codegen version and the Triton/torch versions) and imported with
-  importlib (``@triton.jit`` needs a real source file). ``aot_compile_triton`` compiles every
-  kernel of a module for an explicit ``sm_XY`` target (no GPU needed: Triton ships ptxas),
-  which is how CI checks that printed kernels compile for the H100.
-* CUDA C++: compiled to a cubin (and PTX) with NVRTC through ``cuda.bindings.nvrtc`` when
-  importable, else ``nvcc`` from PATH/CUDA_HOME; cached as ``cuda-cubin`` entries keyed by
-  {source hash, compiler + version, arch}.
-
-Every cached file is stored with its checksum (``yirage.plugin.store_artifact``) and verified
-before it is used: a damaged module, cubin or PTX is reported once and written again.
+CUDA C++ is compiled to a cubin (and PTX) with NVRTC through ``cuda.bindings.nvrtc`` when
+importable, else ``nvcc`` from PATH/CUDA_HOME; cached as ``cuda-cubin`` entries keyed by
+{source hash, compiler + version, arch}, stored with their checksum
+(``yirage.plugin.store_artifact``) and verified before use: a damaged cubin or PTX is
+reported once and written again. Triton's side (printed modules, the interpreter,
+ahead-of-time compiles) lives in yirage-triton.
 
 Nothing here imports torch/triton/cuda-python at module import time.
 """
@@ -22,52 +17,32 @@ import ctypes
 import functools
 import hashlib
 import importlib
-import importlib.metadata
 import importlib.util
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import threading
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from yirage import plugin
-from yirage.plugin import BackendError
+from yirage_triton import ToolchainError, dist_version
 
 __all__ = [
     "CompiledCuda",
     "DeviceInfo",
     "ToolchainError",
-    "aot_compile_triton",
     "compile_cuda",
     "device_info",
-    "interpret_mode",
-    "load_triton_module",
     "nvrtc_available",
     "toolchain_versions",
-    "write_triton_module",
 ]
-
-
-class ToolchainError(BackendError):
-    """A compiler is missing or rejected generated code (the message carries its log)."""
 
 
 # ---------------------------------------------------------------------------------------------
 # versions
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except Exception:
-        return None
 
 
 def _nvrtc_module() -> Any | None:
@@ -164,7 +139,7 @@ def toolchain_versions() -> dict[str, str]:
         "cupy-cuda13x",
         "numba",
     ):
-        v = _dist_version(dist)
+        v = dist_version(dist)
         if v:
             out[dist] = v
     if "torch" in out and importlib.util.find_spec("torch") is not None:
@@ -257,233 +232,6 @@ def device_info(index: int | None = None) -> DeviceInfo | None:
         warp_size=int(getattr(p, "warp_size", 32)),
         total_memory=int(p.total_memory),
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Triton modules
-
-_IMPORT_LOCK = threading.Lock()
-
-
-@functools.cache
-def triton_has_pdl() -> bool:
-    """Whether the installed Triton prints programmatic dependent launch (``gdc_wait`` and
-    ``gdc_launch_dependents`` in ``triton.language.extra.cuda``, Triton 3.3 and newer)."""
-    try:
-        cuda = importlib.import_module("triton.language.extra.cuda")
-    except Exception:
-        return False
-    return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
-
-
-def pin_triton_defaults() -> None:
-    """Pin Triton knobs whose defaults are announced to change (Triton 3.9 warns about
-    TRITON_DEFAULT_FP_FUSION), so printed kernels compile the same way across Triton
-    releases. Only sets what the user has not set."""
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-
-
-_MODULES: dict[tuple[str, bool], ModuleType] = {}
-
-
-def _triton_key(text: str, codegen_version: str) -> dict[str, str]:
-    return {
-        "source": hashlib.sha256(text.encode()).hexdigest(),
-        "codegen": codegen_version,
-        "triton": _dist_version("triton") or "none",
-        "torch": _dist_version("torch") or "none",
-    }
-
-
-def write_triton_module(text: str, codegen_version: str) -> Path:
-    """Write a printed Triton module into the cache (once) and return its path; an entry that
-    fails its checksum is reported and written again."""
-    path = plugin.entry_path("cuda-triton", _triton_key(text, codegen_version), ".py")
-    data = text.encode()
-    with plugin.locked(path):
-        if plugin.load_verified_artifact(path) != data:
-            plugin.store_artifact(path, data)
-    return path
-
-
-_STDLIB_LOCK = threading.RLock()
-_STDLIB_WRAPPERS: dict[int, Any] = {}
-
-
-@contextlib.contextmanager
-def _interpreted_stdlib() -> Iterator[None]:
-    """Make Triton's own ``@jit`` library functions (tl.zeros, tl.sum, tl.sigmoid …)
-    interpretable while an interpreted kernel runs.
-
-    Triton decides at *its* import whether those are compiled (JITFunction) or interpreted
-    functions; when triton was imported without TRITON_INTERPRET (e.g. by torch, or by a GPU
-    kernel earlier in the process), an interpreted kernel calling them fails. They are swapped
-    for interpreter wrappers for the duration of the run and restored afterwards."""
-    try:
-        InterpretedFunction = importlib.import_module(
-            "triton.runtime.interpreter"
-        ).InterpretedFunction
-        JITFunction = importlib.import_module("triton.runtime.jit").JITFunction
-    except Exception:
-        yield
-        return
-    with _STDLIB_LOCK:
-        owners: list[Any] = [
-            m
-            for n, m in list(sys.modules.items())
-            if m is not None and n.startswith("triton.language")
-        ]
-        classes = {
-            id(v): v
-            for m in owners
-            for v in vars(m).values()
-            if isinstance(v, type) and getattr(v, "__module__", "").startswith("triton.language")
-        }
-        owners += list(classes.values())
-        # Snapshot everything: the interpreter patches language builtins for device-function
-        # calls without undoing it, which would break later compilation for the GPU.
-        snapshot = [(owner, dict(vars(owner))) for owner in owners]
-        for owner in owners:
-            for name, value in list(vars(owner).items()):
-                if isinstance(value, JITFunction):
-                    wrapper = _STDLIB_WRAPPERS.get(id(value))
-                    if wrapper is None:
-                        wrapper = _STDLIB_WRAPPERS[id(value)] = InterpretedFunction(value.fn)
-                    setattr(owner, name, wrapper)
-        try:
-            yield
-        finally:
-            # Names the interpreter *added* to module globals (its helpers, which cached
-            # rewritten functions refer to) stay; everything that existed is restored.
-            for owner, before in snapshot:
-                now = dict(vars(owner))
-                for name, value in before.items():
-                    if now.get(name, _MISSING) is not value:
-                        with contextlib.suppress(AttributeError, TypeError):
-                            setattr(owner, name, value)
-
-
-_MISSING = object()
-
-
-@contextlib.contextmanager
-def interpret_mode(enabled: bool) -> Iterator[None]:
-    """TRITON_INTERPRET on (or off) while importing or running printed modules; when on,
-    Triton's library functions are made interpretable too (see ``_interpreted_stdlib``)."""
-    old = os.environ.get("TRITON_INTERPRET")
-    if enabled:
-        os.environ["TRITON_INTERPRET"] = "1"
-    elif old is not None:
-        os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        if enabled and "triton.language" in sys.modules:
-            with _interpreted_stdlib():
-                yield
-        else:
-            yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
-def load_triton_module(path: Path, interpret: bool = False) -> ModuleType:
-    """Import a printed module; ``interpret`` makes its kernels run in the Triton interpreter
-    (CPU tensors). Modules are cached per (file, mode) in this process."""
-    key = (str(path), interpret)
-    pin_triton_defaults()
-    if "triton.language" not in sys.modules:
-        # Import Triton itself in compiled mode, so its library stays usable by GPU kernels
-        # in this process; interpreted runs swap in interpreter wrappers as they go.
-        with interpret_mode(False):
-            importlib.import_module("triton.language")
-    with _IMPORT_LOCK:
-        mod = _MODULES.get(key)
-        if mod is not None:
-            return mod
-        if plugin.verified_path(Path(path)) is None:
-            raise ToolchainError(
-                f"the generated Triton module {path} is missing or damaged and was not "
-                "imported; compile the source again (write_triton_module restores it)"
-            )
-        name = f"yirage_cuda_gen_{Path(path).stem}_{'i' if interpret else 'c'}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ToolchainError(f"cannot import generated module {path}")
-        mod = importlib.util.module_from_spec(spec)
-        try:
-            with interpret_mode(interpret):
-                spec.loader.exec_module(mod)
-        except Exception as exc:
-            raise ToolchainError(f"generated Triton module {path} failed to import: {exc}") from exc
-        sys.modules[name] = mod
-        _MODULES[key] = mod
-        return mod
-
-
-_TRITON_PTR = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}
-
-
-def aot_compile_triton(
-    module: ModuleType, buffer_dtypes: Mapping[int, str], arch: int = 90
-) -> dict[str, dict[str, Any]]:
-    """Compile every kernel of a (non-interpreted) printed module for ``sm_<arch>`` ahead of
-    time. Returns per kernel: shared memory bytes, stages, warps, the target and whether
-    its PTX waits on the grid before (``pdl``: printed with programmatic dependent launch).
-    Raises ToolchainError with Triton's message when a kernel does not compile."""
-    pin_triton_defaults()
-    try:
-        triton = importlib.import_module("triton")
-        GPUTarget = importlib.import_module("triton.backends.compiler").GPUTarget
-        ASTSource = importlib.import_module("triton.compiler").ASTSource
-    except Exception as exc:  # pragma: no cover - triton is a dependency on CUDA machines
-        raise ToolchainError(f"triton is not importable: {exc}") from exc
-    out: dict[str, dict[str, Any]] = {}
-    for kname, info in module.KERNELS.items():
-        fn = getattr(module, kname)
-        if not hasattr(fn, "arg_names"):
-            raise ToolchainError(
-                f"{kname} is not a compiled @triton.jit kernel (interpreter mode?)"
-            )
-        sig: dict[str, str] = {}
-        attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-        for i, arg in enumerate(fn.arg_names):
-            if arg.startswith("buf"):
-                sig[arg] = _TRITON_PTR[buffer_dtypes[int(arg[3:])]]
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            elif arg == "ws":  # fp32 workspace of split-loop kernels
-                sig[arg] = "*fp32"
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            elif arg == "cnt":  # arrival counters of split-loop kernels
-                sig[arg] = "*i32"
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            else:
-                sig[arg] = "constexpr"
-        stages = int(info["num_stages"])
-        try:
-            compiled = triton.compile(
-                ASTSource(fn, sig, {"NUM_STAGES": stages}, attrs),
-                target=GPUTarget("cuda", arch, 32),
-                options={
-                    "num_warps": int(info["num_warps"]),
-                    "num_stages": stages,
-                    "launch_pdl": bool(info.get("pdl", False)),
-                },
-            )
-        except Exception as exc:
-            raise ToolchainError(
-                f"Triton could not compile kernel {kname} for sm_{arch}: {exc}"
-            ) from exc
-        out[kname] = {
-            "shared": int(getattr(compiled.metadata, "shared", 0)),
-            "num_stages": stages,
-            "num_warps": int(info["num_warps"]),
-            "target": f"sm_{arch}",
-            "cubin_bytes": len(compiled.asm.get("cubin", b"")),
-            "pdl": "griddepcontrol.wait" in str(compiled.asm.get("ptx", "")),
-        }
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from yirage_cuda._plan import GeneratedKernel, OffsetTerm, TileAccess, TileOp
+from yirage.plan import GeneratedKernel, OffsetTerm, TileAccess, TileOp
 
 __all__ = ["FINE_CHUNK", "loop_subtile", "subtile_kernel"]
 

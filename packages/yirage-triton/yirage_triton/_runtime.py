@@ -1,34 +1,34 @@
-"""Runtime of the CUDA backend: input checks, launchers, and profiling on the device.
+"""Runtime of the Triton layer: input checks, launchers, and profiling on the device.
 
-Launchers take torch tensors: on a CUDA device (one device for all inputs), with the plan's
-dtypes and shapes, contiguous. Outputs are allocated on the inputs' device; kernels run on
-torch's current stream. Interpreter launchers (Triton interpreter, no GPU) take CPU tensors.
+Launchers take torch tensors: on one device of the backend's torch device type (``cuda`` for
+NVIDIA and ROCm, ``npu`` …), with the plan's dtypes and shapes, contiguous. Outputs are
+allocated on the inputs' device; kernels run on torch's current stream. Interpreter launchers
+(Triton interpreter, no device) take CPU tensors.
 
-Profiling (:func:`profile`) times with CUDA events: warm-up launches, then ``repeats`` timed
-launches, each after an L2 flush (a write over a buffer twice the L2 size, outside the timed
-region) and on rotating sets of fresh random inputs; the median is reported. It also captures
-the launcher in a CUDA graph and reports the median graph-replay time (launch overhead
+Profiling (:func:`profile`) times with the device's events (``torch.<device>.Event``):
+warm-up launches, then ``repeats`` timed launches, each after an L2 flush (a write over a
+buffer twice the L2 size, outside the timed region) and on rotating sets of fresh random
+inputs; the median is reported. It also captures the launcher in a device graph
+(``torch.<device>.graph``) and reports the median graph-replay time (launch overhead
 excluded), which is how the benchmark targets are stated.
 """
 
 from __future__ import annotations
 
-import ctypes
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
+from yirage.plan import Plan
 from yirage.plugin import BackendError, DTypeError, ShapeError
-from yirage_cuda._plan import Plan
+from yirage_triton._toolchain import interpret_mode
 
 __all__ = [
-    "CudaCppLauncher",
-    "CudaLauncher",
     "InputError",
+    "Launcher",
     "ProfileResult",
     "TimingSession",
     "TritonLauncher",
@@ -61,7 +61,7 @@ def matmul_fp32(a: Any, b: Any) -> Any:
 
 
 class InputError(BackendError):
-    """Tensors handed to a CUDA kernel that it cannot take (the message says what to do)."""
+    """Tensors handed to a kernel that it cannot take (the message says what to do)."""
 
 
 _TORCH_NAMES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
@@ -73,38 +73,48 @@ def _torch() -> Any:
     return torch
 
 
+def _device_api(dev: Any) -> Any:
+    """torch's namespace of a device type: ``torch.cuda`` for "cuda", ``torch.npu`` …"""
+    return getattr(_torch(), dev.type if hasattr(dev, "type") else str(dev))
+
+
 def check_inputs(
-    tensors: Sequence[Any], specs: Sequence[tuple[Sequence[int], str]], *, interpret: bool = False
+    tensors: Sequence[Any],
+    specs: Sequence[tuple[Sequence[int], str]],
+    *,
+    interpret: bool = False,
+    device: str = "cuda",
 ) -> list[Any]:
-    """Validate ``tensors`` against the plan's input ``specs`` ((dims, dtype) per input)."""
+    """Validate ``tensors`` against the plan's input ``specs`` ((dims, dtype) per input):
+    torch tensors on one ``device``-type device (CPU tensors with ``interpret``)."""
     torch = _torch()
     if len(tensors) != len(specs):
         raise InputError(f"the kernel takes {len(specs)} input tensors, got {len(tensors)}")
-    device = None
+    first = None
     out = []
     for i, (t, (dims, dtype)) in enumerate(zip(tensors, specs, strict=True)):
         if not isinstance(t, torch.Tensor):
             kind = type(t).__module__ + "." + type(t).__name__
             raise InputError(
-                f"input {i} is a {kind}; the cuda backend takes torch tensors on a CUDA device "
-                "(torch.as_tensor(x).cuda()), or build the kernel with backend='cpu' for host "
-                "arrays"
+                f"input {i} is a {kind}; the kernel takes torch tensors on a {device} device "
+                f"(torch.as_tensor(x).to({device!r})), or build the kernel with backend='cpu' "
+                "for host arrays"
             )
         if interpret:
             if t.device.type != "cpu":
                 raise InputError(
                     f"input {i} is on {t.device}; the Triton interpreter runs on CPU tensors"
                 )
-        elif t.device.type != "cuda":
+        elif t.device.type != device:
             raise InputError(
-                f"input {i} is on {t.device}; the cuda backend runs on CUDA tensors: move it with "
-                "tensor.cuda() (or build the kernel with backend='cpu')"
+                f"input {i} is on {t.device}; the kernel runs on {device} tensors: move it with "
+                f"tensor.to({device!r}) (or build the kernel with backend='cpu')"
             )
-        if device is None:
-            device = t.device
-        elif t.device != device:
+        if first is None:
+            first = t.device
+        elif t.device != first:
             raise InputError(
-                f"inputs are on {device} and {t.device} (input {i}); put every input on one device"
+                f"inputs are on {first} and {t.device} (input {i}); put every input on one device"
             )
         want = getattr(torch, _TORCH_NAMES[dtype])
         if t.dtype != want:
@@ -125,18 +135,26 @@ def check_inputs(
     return out
 
 
-class CudaLauncher:
-    """A loaded plan: ``launcher(*tensors)`` or ``launcher(inputs=[...])`` → list of outputs."""
+class Launcher:
+    """A loaded plan: ``launcher(*tensors)`` or ``launcher(inputs=[...])`` → list of outputs.
+    ``device``: the torch device type it runs on (CPU tensors with ``interpret``)."""
 
     language: str = ""
 
     def __init__(
-        self, plan: Plan, source: str, module: ModuleType, *, interpret: bool = False
+        self,
+        plan: Plan,
+        source: str,
+        module: ModuleType,
+        *,
+        interpret: bool = False,
+        device: str = "cuda",
     ) -> None:
         self.plan = plan
         self.source = source
         self.module = module
         self.interpret = interpret
+        self.device = device
         self.input_specs = [(tuple(b.dims), b.dtype) for b in plan.inputs]
         self.output_specs = [(tuple(b.dims), b.dtype) for b in plan.outputs]
 
@@ -144,17 +162,17 @@ class CudaLauncher:
         if inputs is not None and tensors:
             raise InputError("pass the tensors either positionally or as inputs=[...], not both")
         args = list(inputs) if inputs is not None else list(tensors)
-        checked = check_inputs(args, self.input_specs, interpret=self.interpret)
-        return self.run_unchecked(checked)
+        return self.run_unchecked(self.check(args))
+
+    def check(self, tensors: Sequence[Any]) -> list[Any]:
+        """``tensors`` validated against the plan's inputs (see :func:`check_inputs`)."""
+        return check_inputs(tensors, self.input_specs, interpret=self.interpret, device=self.device)
 
     def run_unchecked(self, inputs: Sequence[Any]) -> list[Any]:
-        """Launch without checks (for profiling loops and CUDA-graph capture)."""
+        """Launch without checks (for profiling loops and graph capture)."""
         if not self.interpret and inputs:
-            torch = _torch()
-            with torch.cuda.device(inputs[0].device):
+            with _device_api(inputs[0].device).device(inputs[0].device):
                 return list(self.module.launch(list(inputs)))
-        from yirage_cuda._toolchain import interpret_mode
-
         with interpret_mode(True):  # Triton consults TRITON_INTERPRET while running, too
             return list(self.module.launch(list(inputs)))
 
@@ -165,7 +183,7 @@ class CudaLauncher:
         )
 
 
-class TritonLauncher(CudaLauncher):
+class TritonLauncher(Launcher):
     """Runs a printed Triton module. When Triton reports that a kernel's pipelined tiles do
     not fit in shared memory (OutOfResources at its first compilation), the software-pipelining
     depth of every kernel is lowered step by step and the launch retried; ``notes`` says so."""
@@ -173,9 +191,15 @@ class TritonLauncher(CudaLauncher):
     language = "triton"
 
     def __init__(
-        self, plan: Plan, source: str, module: ModuleType, *, interpret: bool = False
+        self,
+        plan: Plan,
+        source: str,
+        module: ModuleType,
+        *,
+        interpret: bool = False,
+        device: str = "cuda",
     ) -> None:
-        super().__init__(plan, source, module, interpret=interpret)
+        super().__init__(plan, source, module, interpret=interpret, device=device)
         self.notes: list[str] = []
 
     def run_unchecked(self, inputs: Sequence[Any]) -> list[Any]:
@@ -198,150 +222,13 @@ class TritonLauncher(CudaLauncher):
 
 
 # ---------------------------------------------------------------------------------------------
-# CUDA C++ kernels through the driver API (libcuda via ctypes: no SDK import needed)
-
-_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-
-class _Driver:
-    _lock = threading.Lock()
-    _lib: Any = None
-
-    @classmethod
-    def lib(cls) -> Any:
-        with cls._lock:
-            if cls._lib is None:
-                try:
-                    lib = ctypes.CDLL("libcuda.so.1")
-                except OSError as exc:
-                    raise BackendError(
-                        f"libcuda.so.1 (the CUDA driver) cannot be loaded: {exc}"
-                    ) from exc
-                cls.check(lib.cuInit(0), "cuInit")
-                cls._lib = lib
-            return cls._lib
-
-    @classmethod
-    def check(cls, code: int, what: str) -> None:
-        if code == 0:
-            return
-        name = ""
-        if cls._lib is not None:
-            text = ctypes.c_char_p()
-            if cls._lib.cuGetErrorName(code, ctypes.byref(text)) == 0 and text.value:
-                name = f" ({text.value.decode()})"
-        hint = ""
-        if what.startswith("cuModuleLoadData"):
-            hint = (
-                "; the cubin may come from a CUDA compiler newer than the driver "
-                "(compare toolchain_versions()['nvrtc'/'nvcc'] with ['driver'])"
-            )
-        raise BackendError(f"CUDA driver call {what} failed with CUresult {code}{name}{hint}")
-
-
-class CudaCppLauncher(CudaLauncher):
-    """Runs the CUDA C++ kernels of a plan: cubin loaded with cuModuleLoadData into the
-    device's primary context (the one torch uses), launched with cuLaunchKernel on torch's
-    current stream. The host module's ``launch`` calls :meth:`launch_kernel`."""
-
-    language = "cuda"
-
-    def __init__(
-        self, plan: Plan, source: str, module: ModuleType, cubin: bytes, kernels: dict[str, Any]
-    ) -> None:
-        super().__init__(plan, source, module)
-        self.cubin = cubin
-        self.kernels = kernels  # name -> {"smem": bytes, "threads": n}
-        self._functions: dict[tuple[int, str], Any] = {}
-        self._modules: dict[int, Any] = {}
-        module.__dict__["_yr_launch"] = self.launch_kernel
-
-    def _function(self, device_index: int, name: str) -> Any:
-        key = (device_index, name)
-        fn = self._functions.get(key)
-        if fn is not None:
-            return fn
-        torch = _torch()
-        lib = _Driver.lib()
-        torch.cuda.init()
-        with torch.cuda.device(device_index):
-            torch.cuda.current_stream()  # makes the primary context current on this thread
-            ctx = ctypes.c_void_p()
-            _Driver.check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
-            if not ctx.value:
-                dev = ctypes.c_int()
-                _Driver.check(lib.cuDeviceGet(ctypes.byref(dev), device_index), "cuDeviceGet")
-                _Driver.check(
-                    lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain"
-                )
-                _Driver.check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-            mod = self._modules.get(device_index)
-            if mod is None:
-                mod = ctypes.c_void_p()
-                _Driver.check(
-                    lib.cuModuleLoadData(ctypes.byref(mod), self.cubin), "cuModuleLoadData"
-                )
-                self._modules[device_index] = mod
-            fn = ctypes.c_void_p()
-            _Driver.check(
-                lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()),
-                f"cuModuleGetFunction({name})",
-            )
-            smem = int(self.kernels[name]["smem"])
-            if smem > 48 * 1024:
-                _Driver.check(
-                    lib.cuFuncSetAttribute(
-                        fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
-                    ),
-                    f"cuFuncSetAttribute({name}, {smem} B dynamic shared memory)",
-                )
-        self._functions[key] = fn
-        return fn
-
-    def run_unchecked(self, inputs: Sequence[Any]) -> list[Any]:
-        # The printed kernels use 16-byte vector loads: copy the (rare) misaligned input view
-        # instead of faulting (a misaligned access would poison the CUDA context).
-        aligned = [t if t.data_ptr() % 16 == 0 else t.clone() for t in inputs]
-        return super().run_unchecked(aligned)
-
-    def launch_kernel(self, name: str, grid: tuple[int, int, int], *tensors: Any) -> None:
-        torch = _torch()
-        dev = tensors[0].device
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        fn = self._function(index, name)
-        info = self.kernels[name]
-        ptrs = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
-        params = (ctypes.c_void_p * len(ptrs))(
-            *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs]
-        )
-        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
-        lib = _Driver.lib()
-        _Driver.check(
-            lib.cuLaunchKernel(
-                fn,
-                ctypes.c_uint(grid[0]),
-                ctypes.c_uint(grid[1]),
-                ctypes.c_uint(grid[2]),
-                ctypes.c_uint(int(info["threads"])),
-                ctypes.c_uint(1),
-                ctypes.c_uint(1),
-                ctypes.c_uint(int(info["smem"])),
-                stream,
-                params,
-                None,
-            ),
-            f"cuLaunchKernel({name})",
-        )
-
-
-# ---------------------------------------------------------------------------------------------
 # profiling
 
 
 @dataclass(frozen=True)
 class ProfileResult:
     """Timing of one launcher. ``median_us`` is the figure candidates are ranked by: the
-    CUDA-graph replay median when capture worked, else the event-timed launch median."""
+    graph replay median when capture worked, else the event-timed launch median."""
 
     median_us: float
     launch_median_us: float
@@ -369,14 +256,15 @@ def _fresh_like(inputs: Sequence[Any], seed: int) -> list[Any]:
     return out
 
 
-#: Calls captured in one CUDA graph by :func:`time_callable` (replay time / this = per call).
+#: Calls captured in one graph by :func:`time_callable` (replay time / this = per call).
 CALLS_PER_GRAPH = 10
 
 
 def _l2_flush_buffer(dev: Any) -> Any:
     """A buffer twice the L2 size: writing it evicts the inputs from L2 before a timed run."""
     torch = _torch()
-    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 * 2**20) or 50 * 2**20
+    props = _device_api(dev).get_device_properties(dev)
+    l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
     return torch.empty(2 * l2, dtype=torch.int8, device=dev)
 
 
@@ -389,25 +277,25 @@ def _launch_times(
     repeats: int,
 ) -> list[float]:
     """Event-timed eager calls of ``fn`` (µs each), cycling the input sets."""
-    torch = _torch()
+    api = _device_api(dev)
     n = len(input_sets)
     for i in range(warmup):
         fn(input_sets[i % n])
-    torch.cuda.synchronize(dev)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    api.synchronize(dev)
+    starts = [api.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [api.Event(enable_timing=True) for _ in range(repeats)]
     for i in range(repeats):
         if flush is not None:
             flush.zero_()
         starts[i].record()
         fn(input_sets[i % n])
         ends[i].record()
-    torch.cuda.synchronize(dev)
+    api.synchronize(dev)
     return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
 
 
 class GraphTimer:
-    """``fn`` captured in one CUDA graph per input set (``calls_per_graph`` back-to-back calls
+    """``fn`` captured in one device graph per input set (``calls_per_graph`` back-to-back calls
     each, cycling the sets), ready to be replayed and timed any number of times, so that
     profiling rounds after the first neither capture nor launch eagerly again."""
 
@@ -418,21 +306,24 @@ class GraphTimer:
         dev: Any,
         calls_per_graph: int = CALLS_PER_GRAPH,
     ) -> None:
-        torch = _torch()
+        api = self.api = _device_api(dev)
+        graph_type = getattr(api, "CUDAGraph", None) or getattr(api, "NPUGraph", None)
+        if graph_type is None or not hasattr(api, "graph"):
+            raise BackendError(f"torch.{dev.type} has no graph capture")
         self.dev = dev
         self.calls = max(1, calls_per_graph)
         n = len(input_sets)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
+        side = api.Stream(dev)
+        side.wait_stream(api.current_stream(dev))
+        with api.stream(side):
             for s in input_sets:
                 fn(s)  # warm-up on a side stream, as torch requires before capture
-        torch.cuda.current_stream(dev).wait_stream(side)
-        torch.cuda.synchronize(dev)
+        api.current_stream(dev).wait_stream(side)
+        api.synchronize(dev)
         self.graphs = []
         for j in range(n):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            g = graph_type()
+            with api.graph(g):
                 for c in range(self.calls):
                     fn(input_sets[(j + c) % n])
             self.graphs.append(g)
@@ -440,20 +331,20 @@ class GraphTimer:
     def times(self, flush: Any, warmup: int, repeats: int) -> list[float]:
         """Per-call µs of ``repeats`` replays, L2 flushed before each replay (not between
         the calls of one replay)."""
-        torch = _torch()
+        api = self.api
         n = len(self.graphs)
         for i in range(warmup):
             self.graphs[i % n].replay()
-        torch.cuda.synchronize(self.dev)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        api.synchronize(self.dev)
+        starts = [api.Event(enable_timing=True) for _ in range(repeats)]
+        ends = [api.Event(enable_timing=True) for _ in range(repeats)]
         for i in range(repeats):
             if flush is not None:
                 flush.zero_()
             starts[i].record()
             self.graphs[i % n].replay()
             ends[i].record()
-        torch.cuda.synchronize(self.dev)
+        api.synchronize(self.dev)
         return [s.elapsed_time(e) * 1000.0 / self.calls for s, e in zip(starts, ends, strict=True)]
 
 
@@ -467,7 +358,7 @@ def time_callable(
     graph: bool = True,
     calls_per_graph: int = CALLS_PER_GRAPH,
 ) -> tuple[list[float], list[float] | None, str | None]:
-    """Event-timed launches and CUDA-graph replays of ``fn(inputs)`` (µs per call).
+    """Event-timed launches and graph replays of ``fn(inputs)`` (µs per call).
 
     Each graph holds ``calls_per_graph`` back-to-back calls (cycling the input sets) and the
     replay time is divided by that count, so launch gaps are excluded as in the benchmark
@@ -483,15 +374,15 @@ def time_callable(
         timer = GraphTimer(fn, input_sets, dev, calls_per_graph)
         return launch, timer.times(flush, warmup, repeats), None
     except Exception as exc:  # report, never hide: the caller records graph_error
-        torch.cuda.synchronize(dev)
+        _device_api(dev).synchronize(dev)
         return launch, None, f"{type(exc).__name__}: {exc}"
 
 
-def warm_median_us(launcher: CudaLauncher, inputs: Sequence[Any], repeats: int = 20) -> float:
-    """Median CUDA-graph replay time (µs per call) of ``launcher`` on ``inputs`` alone with
+def warm_median_us(launcher: Launcher, inputs: Sequence[Any], repeats: int = 20) -> float:
+    """Median graph replay time (µs per call) of ``launcher`` on ``inputs`` alone with
     nothing flushed: the time when its inputs stay in L2 between calls, as in a benchmark
     that replays one input set (event-timed launches where capture fails)."""
-    checked = check_inputs(list(inputs), launcher.input_specs, interpret=launcher.interpret)
+    checked = launcher.check(list(inputs))
     launch, replay, _ = time_callable(
         launcher.run_unchecked, [checked], warmup=3, repeats=repeats, flush_l2=False
     )
@@ -509,7 +400,7 @@ class _Timed:
 
 class TimingSession:
     """State that the profiling rounds of one ``superoptimize`` share (see
-    :meth:`CudaBackend.profiling_session`): the extra random input sets, drawn once for
+    :meth:`TritonBackend.profiling_session`): the extra random input sets, drawn once for
     every launcher with the same inputs; the L2 flush buffer; and per launcher its captured
     graphs and fitted repeat count, so rounds after the first only replay. Dropping the
     session frees the graphs and the input sets."""
@@ -547,7 +438,7 @@ def _inputs_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def profile(
-    launcher: CudaLauncher,
+    launcher: Launcher,
     inputs: Sequence[Any],
     *,
     warmup: int = 10,
@@ -570,7 +461,7 @@ def profile(
     the first call's).
     Options meant for other backends' profilers are accepted and ignored, so
     ``superoptimize(profile_options=...)`` works with any backend."""
-    checked = check_inputs(list(inputs), launcher.input_specs, interpret=launcher.interpret)
+    checked = launcher.check(list(inputs))
     if launcher.interpret:
         times = []
         for _ in range(max(1, min(repeats, 3))):
@@ -583,7 +474,7 @@ def profile(
             med,
             min(times),
             None,
-            "interpreter: no CUDA graphs",
+            "interpreter: no device graphs",
             len(times),
             0,
             1,
@@ -625,7 +516,7 @@ def profile(
                 timer = GraphTimer(run, sets, dev)
                 replay = timer.times(flush, warmup, repeats)
             except Exception as exc:  # report, never hide: recorded as graph_error
-                torch.cuda.synchronize(dev)
+                _device_api(dev).synchronize(dev)
                 timer, gerr = None, f"{type(exc).__name__}: {exc}"
         if session is not None and timer is not None:  # without graphs: every round in full
             session.remember(launcher, key, _Timed(repeats, launch, timer))
@@ -641,6 +532,6 @@ def profile(
         warmup=warmup,
         input_sets=max(1, input_sets),
         l2_flush=flush_l2,
-        method="cuda events" + (" + cuda graph replay" if gmed is not None else ""),
-        device=str(torch.cuda.get_device_name(checked[0].device) if checked else "cuda"),
+        method=f"{dev.type} events" + (f" + {dev.type} graph replay" if gmed is not None else ""),
+        device=str(_device_api(dev).get_device_name(dev) if checked else dev.type),
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from yirage_cuda._plan import CodegenError, GeneratedKernel, LibraryKernel, Plan
+from yirage.plan import CodegenError, GeneratedKernel, LibraryKernel, Plan
 
 __all__ = ["TORCH_DTYPE", "fmt_float", "launcher_lines", "library_lines"]
 
@@ -67,7 +67,7 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
         expr = f"torch.matmul({ins[0]}.to({cd}), {ins[1]}.to({cd}))"
         if len(low) == 1 and len(in_dtypes) == 1 and out_buf.dtype == "float32":
             # 16-bit operands into a float32 intermediate: float32 straight from cuBLAS
-            lines.append("from yirage_cuda._runtime import matmul_fp32 as _yr_matmul_fp32")
+            lines.append("from yirage_triton import matmul_fp32 as _yr_matmul_fp32")
             expr = f"_yr_matmul_fp32({ins[0]}, {ins[1]})"
     else:
         # torch computes 16-bit elementwise ops, sums, softmax and rms_norm in fp32 and

@@ -1,0 +1,98 @@
+"""The shared Triton layer of yirage's vendor backends.
+
+KernelPlans (read through ``yirage.plan``) printed as Triton modules, the torch host glue that
+runs them, the Triton launcher, runtime and timer, and the Triton toolchain wrapper (JIT, the
+interpreter, ahead-of-time compiles for a named target). What differs per vendor is one
+:class:`TritonTarget`; a vendor backend subclasses :class:`TritonBackend` with its target and
+its hardware hooks (docs/backends.md, "The Triton layer"). yirage-cuda is one such backend.
+
+Importing this package imports neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+from yirage_triton._backend import TritonArtifact, TritonBackend, TritonKernel, TritonPrinted
+from yirage_triton._codegen import (
+    CODEGEN_VERSION,
+    DEEP_STAGES,
+    DEFAULT_STAGES,
+    MAX_SPLIT,
+    TritonOptions,
+    TritonSource,
+    generate_triton,
+    loop_split,
+)
+from yirage_triton._host import TORCH_DTYPE, fmt_float, launcher_lines, library_lines
+from yirage_triton._runtime import (
+    GraphTimer,
+    InputError,
+    Launcher,
+    ProfileResult,
+    TimingSession,
+    TritonLauncher,
+    check_inputs,
+    matmul_fp32,
+    profile,
+    time_callable,
+    warm_median_us,
+)
+from yirage_triton._subtile import loop_subtile, subtile_kernel
+from yirage_triton._target import VARIANT_FAMILIES, TritonTarget
+from yirage_triton._toolchain import (
+    MODULE_CACHE,
+    ToolchainError,
+    aot_compile_triton,
+    dist_version,
+    interpret_mode,
+    load_triton_module,
+    pin_triton_defaults,
+    triton_has_pdl,
+    triton_key,
+    triton_versions,
+    write_triton_module,
+)
+
+__all__ = [
+    "CODEGEN_VERSION",
+    "DEEP_STAGES",
+    "DEFAULT_STAGES",
+    "MAX_SPLIT",
+    "MODULE_CACHE",
+    "TORCH_DTYPE",
+    "VARIANT_FAMILIES",
+    "GraphTimer",
+    "InputError",
+    "Launcher",
+    "ProfileResult",
+    "TimingSession",
+    "ToolchainError",
+    "TritonArtifact",
+    "TritonBackend",
+    "TritonKernel",
+    "TritonLauncher",
+    "TritonOptions",
+    "TritonPrinted",
+    "TritonSource",
+    "TritonTarget",
+    "aot_compile_triton",
+    "check_inputs",
+    "dist_version",
+    "fmt_float",
+    "generate_triton",
+    "interpret_mode",
+    "launcher_lines",
+    "library_lines",
+    "load_triton_module",
+    "loop_split",
+    "loop_subtile",
+    "matmul_fp32",
+    "pin_triton_defaults",
+    "profile",
+    "subtile_kernel",
+    "time_callable",
+    "triton_has_pdl",
+    "triton_key",
+    "triton_versions",
+    "warm_median_us",
+    "write_triton_module",
+]
