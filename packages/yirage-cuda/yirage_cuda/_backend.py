@@ -157,7 +157,7 @@ class CudaBackend(TritonBackend):
     #: equal the installed yirage's PLUGIN_API and the registry's mismatch check could never
     #: fire; declared, a yirage of another major API version refuses this package with an
     #: error naming the versions to install.
-    plugin_api = (1, 1)
+    plugin_api = (1, 2)
     distribution = "yirage-cuda"
 
     def __init__(
