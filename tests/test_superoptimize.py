@@ -25,7 +25,8 @@ import pytest
 from _pinned_spec import REFERENCE_CPU
 
 import yirage as yr
-from yirage import _superoptimize
+from yirage import _race, _registry, _search, _superoptimize
+from yirage._check import check_scale
 from yirage._kernel import NumericCheckError, load_kernel
 from yirage._superoptimize import SuperoptimizeError, superoptimize
 from yirage._workloads import WORKLOADS, get_workload
@@ -103,18 +104,17 @@ class _Cand:
 
 
 def _fake_search(monkeypatch: pytest.MonkeyPatch, plans: list[dict[str, Any]]) -> list[int]:
+    """``yirage.search`` replaced by one that offers ``plans`` (best predicted first)."""
     calls: list[int] = []
 
-    def search(
-        graph: Any, backend: Any, config: Any, options: dict[str, Any]
-    ) -> tuple[list[Any], dict[str, Any]]:
+    def search(graph: Any, backend: Any = None, **options: Any) -> Any:
         calls.append(1)
-        return [_Cand(p, 10.0 + i) for i, p in enumerate(plans)], {
-            "states_explored": 3,
-            "stop_reason": "fake",
-        }
+        return SimpleNamespace(
+            candidates=[_Cand(p, 10.0 + i) for i, p in enumerate(plans)],
+            report={"states_explored": 3, "stop_reason": "fake"},
+        )
 
-    monkeypatch.setattr(_superoptimize, "_search", search)
+    monkeypatch.setattr(_search, "search", search)
     return calls
 
 
@@ -272,9 +272,9 @@ def test_quiet_decisions_are_cached(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_noise_rule() -> None:
-    assert _superoptimize._noisy({0: [100.0, 120.0, 900.0], 1: [50.0, 51.0]}) is False
-    assert _superoptimize._noisy({0: [100.0, 300.0, 900.0]}) is True
-    assert _superoptimize._noisy({0: [100.0]}) is False  # one round: nothing to reproduce
+    assert _race._noisy({0: [100.0, 120.0, 900.0], 1: [50.0, 51.0]}) is False
+    assert _race._noisy({0: [100.0, 300.0, 900.0]}) is True
+    assert _race._noisy({0: [100.0]}) is False  # one round: nothing to reproduce
 
 
 def test_a_graph_without_outputs_is_a_graph_error() -> None:
@@ -297,11 +297,11 @@ def test_device_spec_pins_the_search_and_keys_the_decision(
     is a ConfigError before anything is built."""
     seen: list[Any] = []
 
-    def search(graph: Any, backend: Any, config: Any, options: dict[str, Any]) -> Any:
+    def search(graph: Any, backend: Any = None, **options: Any) -> Any:
         seen.append(options.get("device_spec"))
-        return [_Cand(_fused_plan(), 10.0)], {"stop_reason": "fake"}
+        return SimpleNamespace(candidates=[_Cand(_fused_plan(), 10.0)], report={})
 
-    monkeypatch.setattr(_superoptimize, "_search", search)
+    monkeypatch.setattr(_search, "search", search)
     pinned = superoptimize(
         _rms_graph(),
         backend="cpu",
@@ -349,8 +349,8 @@ def test_candidates_far_behind_stop_being_profiled(monkeypatch: pytest.MonkeyPat
     _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
     k = superoptimize(_rms_graph(), backend="cpu")
     fast, slow = sorted(calls_of, key=lambda i: times[i])
-    assert calls_of[fast] == _superoptimize.PROFILE_ROUNDS
-    assert calls_of[slow] == _superoptimize.PRUNE_AFTER_ROUNDS  # 2x behind: dropped
+    assert calls_of[fast] == _race.PROFILE_ROUNDS
+    assert calls_of[slow] == _race.PRUNE_AFTER_ROUNDS  # 2x behind: dropped
     assert [c.measured_us for c in k.report.candidates] == [100.0, 200.0]
     assert not any("noisy" in n for n in k.report.notes)
 
@@ -370,7 +370,7 @@ def test_cold_ties_are_broken_by_the_warm_time(
     def cold(self: CpuBackend, launcher: Any, inputs: Any = None, **kw: Any) -> ProfileResult:
         if id(launcher) not in order:
             order.append(id(launcher))
-        t = 100.0 if order.index(id(launcher)) == 0 else 100.0 * _superoptimize.COLD_TIE_RATIO
+        t = 100.0 if order.index(id(launcher)) == 0 else 100.0 * _race.COLD_TIE_RATIO
         return ProfileResult(t, t, t, 30, 3)
 
     def warm_time(self: CpuBackend, launcher: Any, inputs: Any) -> float | None:
@@ -398,7 +398,7 @@ def test_no_warm_tie_break_beyond_the_ratio(monkeypatch: pytest.MonkeyPatch) -> 
     def cold(self: CpuBackend, launcher: Any, inputs: Any = None, **kw: Any) -> ProfileResult:
         if id(launcher) not in order:
             order.append(id(launcher))
-        t = 100.0 if order.index(id(launcher)) == 0 else 101.0 * _superoptimize.COLD_TIE_RATIO
+        t = 100.0 if order.index(id(launcher)) == 0 else 101.0 * _race.COLD_TIE_RATIO
         return ProfileResult(t, t, t, 30, 3)
 
     def warm_time(self: CpuBackend, launcher: Any, inputs: Any) -> float:
@@ -467,7 +467,7 @@ class _DeviceDraws:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import threading
 
-        cls = type(_superoptimize.resolve_backend("cpu"))
+        cls = type(_registry.resolve_backend("cpu"))
         monkeypatch.setattr(cls, "check_input_generator", lambda be: self.tag)
 
         def draw(be: Any, specs: Any) -> list[np.ndarray]:
@@ -489,8 +489,6 @@ def test_check_inputs_drawn_on_the_device(monkeypatch: pytest.MonkeyPatch) -> No
     generator, or one the regenerated inputs do not reproduce, is evaluated afresh: the
     cached kernel is kept, not searched again."""
     import threading
-
-    from yirage._kernel import check_scale
 
     calls = _fake_search(monkeypatch, [_fused_plan()])
     draws = _DeviceDraws()
@@ -616,10 +614,10 @@ def test_the_default_backend_is_the_best_one_with_a_code_generator(
 
     # mps is ranked above cpu but only probes its hardware (no code generator yet)
     monkeypatch.setattr(_registry, "get_available_backends", lambda: ["mps", "cpu"])
-    assert _superoptimize.resolve_backend(None).name == "cpu"
+    assert _registry.resolve_backend(None).name == "cpu"
     monkeypatch.setattr(_registry, "get_available_backends", lambda: ["mps"])
     with pytest.raises(yr.BackendUnavailableError, match=r"mps found, without a code generator"):
-        _superoptimize.resolve_backend(None)
+        _registry.resolve_backend(None)
 
 
 def test_unknown_backend_is_loud() -> None:
@@ -716,7 +714,7 @@ def test_check_inputs_are_seeded_chunked_and_scaled() -> None:
     """Check inputs: the same seed gives the same values (whatever the thread count), another
     seed other values; N(0, 1) scaled by 1/√rows for matrix-like inputs; large inputs are
     drawn chunk by chunk from independent streams (no repeated chunk)."""
-    from yirage._kernel import _CHECK_CHUNK, check_inputs
+    from yirage._check import _CHECK_CHUNK, check_inputs
 
     g = yr.new_kernel_graph()
     x = g.new_input((4, 3 * _CHECK_CHUNK // 1024 + 7), yr.float32)

@@ -7,9 +7,6 @@ installed hardware backends. See README.md for what exists today.
 
 from __future__ import annotations
 
-import importlib.metadata as _metadata
-
-from yirage import _core
 from yirage._backend import (
     PLUGIN_API,
     Backend,
@@ -28,6 +25,7 @@ from yirage._errors import (
     GraphError,
     MappingError,
     NotImplementedBackendError,
+    NumericCheckError,
     PluginAPIError,
     SerializationError,
     ShapeError,
@@ -42,25 +40,17 @@ from yirage._graph import (
     new_kernel_graph,
     new_threadblock_graph,
 )
-from yirage._kernel import (
-    NumericCheckError,
-    OptimizedKernel,
-    SuperoptimizeReport,
-    load_kernel,
-)
+from yirage._kernel import OptimizedKernel, load_kernel
 from yirage._registry import (
     BackendInfo,
     get_available_backends,
     get_backend_info,
     is_backend_available,
 )
+from yirage._report import CandidateReport, SuperoptimizeReport
 from yirage._search import Candidate, KernelPlan, SearchReport, SearchResult, search
 from yirage._superoptimize import SuperoptimizeError, superoptimize
-
-try:
-    __version__: str = _metadata.version("yirage")
-except _metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = _core.__version__
+from yirage._version import __version__
 
 __all__ = [
     "ENV_VARS",
@@ -70,6 +60,7 @@ __all__ = [
     "BackendInfo",
     "BackendUnavailableError",
     "Candidate",
+    "CandidateReport",
     "ConfigError",
     "DTensor",
     "DType",

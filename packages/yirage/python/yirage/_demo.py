@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from yirage._backend import Backend
+from yirage._check import to_numpy64
 from yirage._errors import ConfigError
-from yirage._kernel import to_numpy64
 
 __all__ = ["run_demo"]
 
@@ -111,7 +111,7 @@ def run_demo(
     **search_options: Any,
 ) -> list[dict[str, Any]]:
     """Run the demo for ``workload`` (a name or ``"all"``) and print a table (or JSON)."""
-    from yirage._superoptimize import resolve_backend
+    from yirage._registry import resolve_backend
     from yirage._workloads import workload_names
 
     be = resolve_backend(backend)

@@ -25,6 +25,7 @@ __all__ = [
     "GraphError",
     "MappingError",
     "NotImplementedBackendError",
+    "NumericCheckError",
     "PluginAPIError",
     "SerializationError",
     "ShapeError",
@@ -34,6 +35,10 @@ __all__ = [
 
 class ConfigError(YirageError):
     """A ``YIRAGE_*`` environment variable holds a value yirage cannot use."""
+
+
+class NumericCheckError(YirageError):
+    """A kernel's outputs disagree with the float64 reference evaluator (or are not finite)."""
 
 
 class BackendError(YirageError):

@@ -9,7 +9,7 @@ normalisation) and converts numpy arrays for the reference evaluator.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
@@ -38,6 +38,17 @@ if TYPE_CHECKING:
     from yirage._kernel import OptimizedKernel
 
 T = TypeVar("T")
+
+#: ``yirage.superoptimize``, registered by ``yirage._superoptimize`` when it is imported (the
+#: package's ``__init__`` imports it, so it is there before any graph exists). The graph
+#: module does not import the pipeline that takes graphs as input: no import circle.
+_superoptimizer: Callable[..., OptimizedKernel] | None = None
+
+
+def _register_superoptimizer(fn: Callable[..., OptimizedKernel]) -> None:
+    """Called once by ``yirage._superoptimize``: what :meth:`KernelGraph.superoptimize` runs."""
+    global _superoptimizer
+    _superoptimizer = fn
 
 
 class DTensor:
@@ -392,9 +403,9 @@ class KernelGraph(_ElementwiseOps[DTensor]):
     ) -> OptimizedKernel:
         """Search, compile, check and profile this graph on ``backend``; see
         :func:`yirage.superoptimize`."""
-        from yirage._superoptimize import superoptimize
-
-        return superoptimize(self, backend, config, top_k, check, **search_options)
+        if _superoptimizer is None:  # only when yirage._graph is loaded without yirage
+            raise RuntimeError("import yirage before calling KernelGraph.superoptimize")
+        return _superoptimizer(self, backend, config, top_k, check, **search_options)
 
 
 class ThreadBlockGraph(_ElementwiseOps[STensor]):

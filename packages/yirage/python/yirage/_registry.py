@@ -24,6 +24,7 @@ __all__ = [
     "get_available_backends",
     "get_backend_info",
     "is_backend_available",
+    "resolve_backend",
 ]
 
 GROUP = "yirage.backends"
@@ -292,3 +293,30 @@ def _safe_version(backend: Backend, entry: _Entry) -> str | None:
         return str(backend.package_version)
     except Exception:
         return entry.dist_version
+
+
+def resolve_backend(backend: str | Backend | None) -> Backend:
+    """A Backend object: the given one, the named one, or the best available one that has a
+    code generator (a backend that only probes its hardware cannot superoptimize)."""
+    if isinstance(backend, Backend):
+        return backend
+    if backend is None:
+        names = get_available_backends()
+        usable = [n for n in names if get_backend_info(n).codegen_implemented]
+        if not usable:
+            found = f" ({', '.join(names)} found, without a code generator yet)" if names else ""
+            raise BackendUnavailableError(
+                "any",
+                f"no backend with a code generator is available{found}: "
+                'pip install "yirage[cpu]" (from a checkout: pip install ./packages/yirage-cpu) '
+                "and a C compiler, or see `yirage doctor`",
+            )
+        skipped = names[: names.index(usable[0])]
+        if skipped:
+            _log.info("using %s: %s has no code generator yet", usable[0], ", ".join(skipped))
+        backend = usable[0]
+    name = str(backend).lower()
+    be = _get_backend(name)
+    if not is_backend_available(name):  # the discovery caches the probe
+        raise BackendUnavailableError(name, get_backend_info(name).reason)
+    return be

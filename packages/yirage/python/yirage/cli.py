@@ -34,7 +34,8 @@ EXIT_INTERRUPTED = 130
 
 
 def _versions() -> dict[str, str]:
-    from yirage import __version__, _core
+    from yirage import _core
+    from yirage._version import __version__
 
     return {
         "yirage": __version__,

@@ -16,9 +16,9 @@ name below keeps its meaning, and a minor adds names. A backend declares the
   checksum before use; a damaged entry is reported once and removed, so it is rebuilt);
 - environment variables: :class:`EnvVar` and :func:`register_env_var` (a backend registers
   its own ``YIRAGE_<VENDOR>_*`` variables);
-- timing: :func:`pick_cold_tie`, ``PRUNE_AFTER_ROUNDS`` and ``PRUNE_RATIO`` (the rules
-  ``superoptimize`` uses to compare candidates, for a backend choosing between its
-  variants);
+- timing: :func:`pick_cold_tie`, ``PRUNE_AFTER_ROUNDS`` and ``PRUNE_RATIO`` (the rules of
+  ``superoptimize``'s race; a backend no longer races its own variants, it offers them
+  through :meth:`Backend.variants`);
 - :func:`bfloat16_bits` (float32 rounded to bfloat16 bit patterns),
   :func:`all_reduce` (the runtime's collective, for multi-device library kernels),
   :func:`get_logger`, ``CORE_VERSION`` (the native core's version, for cache keys).
@@ -64,7 +64,7 @@ from yirage._errors import (
     YirageError,
 )
 from yirage._logging import get_logger
-from yirage._superoptimize import PRUNE_AFTER_ROUNDS, PRUNE_RATIO, pick_cold_tie
+from yirage._race import PRUNE_AFTER_ROUNDS, PRUNE_RATIO, pick_cold_tie
 
 #: Version of the native core (``yirage._core``): part of vendor cache keys.
 CORE_VERSION: str = str(_core.__version__)

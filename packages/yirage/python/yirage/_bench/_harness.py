@@ -229,13 +229,13 @@ def _dist_version(dist: str) -> str | None:
 
 def versions(backend: Any, device: str) -> dict[str, str]:
     """Versions of everything that shapes the numbers."""
-    import yirage
     from yirage import _core
+    from yirage._version import __version__
 
     torch = _timing._torch()
 
     v: dict[str, str] = {
-        "yirage": yirage.__version__,
+        "yirage": __version__,
         "yirage_core": _core.__version__,
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
@@ -272,7 +272,7 @@ def _as_list(out: Any) -> list[Any]:
 def rel_errors(outputs: Any, reference: Sequence[np.ndarray]) -> float:
     """Worst relative Frobenius error of ``outputs`` against the float64 reference
     (inf when the number or the shapes of the outputs differ, or a value is not finite)."""
-    from yirage._kernel import rel_frobenius, to_numpy64
+    from yirage._check import rel_frobenius, to_numpy64
 
     outs = _as_list(outputs)
     if len(outs) != len(reference):
@@ -281,7 +281,7 @@ def rel_errors(outputs: Any, reference: Sequence[np.ndarray]) -> float:
 
 
 def tolerance(case: Case) -> float:
-    from yirage._kernel import TOLERANCES
+    from yirage._check import TOLERANCES
 
     dt = case.workload.dtype(case.preset)
     return float(TOLERANCES[dt.name])
@@ -474,7 +474,7 @@ def run_case(
     graph = case.workload.graph(case.preset)
     inputs = case.workload.inputs(case.preset, seed=cfg.seed, device=device)
     _sync(device)
-    from yirage._kernel import to_numpy64
+    from yirage._check import to_numpy64
 
     reference = graph.evaluate([to_numpy64(t) for t in inputs])
     tol = tolerance(case)
@@ -652,7 +652,7 @@ def rates_moved(start: _roofline.DeviceRates, end: _roofline.DeviceRates) -> lis
 
 
 def _resolve_backend(name: str) -> Any:
-    from yirage._superoptimize import resolve_backend
+    from yirage._registry import resolve_backend
 
     return resolve_backend(name)
 

@@ -1,0 +1,285 @@
+"""The race: ``superoptimize`` times every contender (one variant of one candidate, already
+checked against the float64 reference) once, on the same inputs, and ranks them.
+
+- **Interleaved rounds.** Every contender gets ``rounds`` short turns (``PROFILE_ROUNDS``),
+  one after the other, and keeps its best turn's median, so bursts of load from other
+  processes hit every contender alike.
+- **Screen.** When a backend offers several variants per plan (tens of contenders), a first
+  cheap turn (``SCREEN_OPTIONS``: a few repeats) drops the contenders over ``SCREEN_FACTOR``
+  times the fastest before the rounds: a slow code path costs milliseconds, not a full profile.
+- **Pruning.** After ``PRUNE_AFTER_ROUNDS`` turns, contenders over ``PRUNE_RATIO`` times the
+  best so far are no longer timed: they cannot win.
+- **Cold ties.** Contenders within ``COLD_TIE_RATIO`` of the fastest (cold-cache) time are not
+  told apart by it; the backend's :meth:`~yirage.Backend.warm_time_us` decides among them
+  where it has one (:func:`pick_cold_tie`).
+- **Noise.** A contender whose best turn is not reproduced by another (within
+  ``NOISE_TOLERANCE``) makes the race noisy: ``superoptimize`` then does not cache the
+  decision unless asked to.
+
+:meth:`~yirage.Backend.profile` is only ever given one launcher: the backend times, the race
+compares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
+
+from yirage._backend import DEFAULT_VARIANT, Backend
+
+__all__ = [
+    "COLD_TIE_RATIO",
+    "NOISE_TOLERANCE",
+    "PROFILE_ROUNDS",
+    "PRUNE_AFTER_ROUNDS",
+    "PRUNE_RATIO",
+    "SCREEN_FACTOR",
+    "SCREEN_OPTIONS",
+    "Contender",
+    "RaceResult",
+    "break_cold_ties",
+    "contender_key",
+    "pick_cold_tie",
+    "race",
+]
+
+#: Interleaved profiling rounds per contender (``profile_options={"rounds": n}``).
+PROFILE_ROUNDS = 8
+#: A contender's best round counts as reproduced when another round is within this factor.
+NOISE_TOLERANCE = 1.25
+#: Contenders whose (cold-cache) times are within this factor of the best one are not told
+#: apart by them (on the H100 one fused LoRA kernel's cold time ranged 16.5-17.7 µs over
+#: runs); among those the backend's :meth:`~yirage.Backend.warm_time_us` decides, where it
+#: has one: fused LoRA at b16 ran 19.3 and 19.5 µs cold in two forms, 14.5 and 9.9 µs with
+#: its 32 MB weight in L2.
+COLD_TIE_RATIO = 1.05
+#: After this many profiling rounds, contenders slower than ``PRUNE_RATIO`` times the best so
+#: far are not profiled further (they cannot win; cold superoptimize spent 4-5 s profiling).
+PRUNE_AFTER_ROUNDS = 2
+PRUNE_RATIO = 1.25
+#: Contenders slower than this factor times the fastest in the screening turn are not raced.
+SCREEN_FACTOR = 1.5
+#: Profile options of the screening turn (a few repeats; they override the race's own).
+SCREEN_OPTIONS: Mapping[str, float | int] = {"min_time_s": 0.002, "min_repeats": 3}
+
+_K = TypeVar("_K")
+#: A contender's identity: (candidate index, variant name).
+Key = tuple[int, str]
+
+
+class Contender(NamedTuple):
+    """One variant of one built candidate (``candidate``: its index in the report). Its first
+    five fields are the (time, candidate index, plan, source, launcher) tuples the pipeline
+    used before variants existed."""
+
+    us: float
+    candidate: int
+    plan: dict[str, Any]
+    source: Any
+    launcher: Any
+    variant: str = DEFAULT_VARIANT
+
+    @property
+    def key(self) -> Key:
+        return (self.candidate, self.variant)
+
+
+def contender_key(entry: Sequence[Any]) -> Key:
+    """(candidate index, variant) of a contender; a bare 5-tuple is the default variant."""
+    return (int(entry[1]), str(entry[5]) if len(entry) > 5 else DEFAULT_VARIANT)
+
+
+def label(key: Key) -> str:
+    """How the report names a contender: "candidate 2", "candidate 2 (variant cuda)"."""
+    index, variant = key
+    return f"candidate {index}" if variant == DEFAULT_VARIANT else f"candidate {index} ({variant})"
+
+
+@dataclass
+class RaceResult:
+    """What the race measured: every contender's best time (the screen's for those it
+    dropped), why contenders left (``screened``, ``failed``), and whether it was noisy."""
+
+    best_us: dict[Key, float] = field(default_factory=dict)
+    screened: dict[Key, str] = field(default_factory=dict)
+    failed: dict[Key, str] = field(default_factory=dict)
+    pruned: set[Key] = field(default_factory=set)
+    spread: dict[Key, list[float]] = field(default_factory=dict)
+
+    def spread_in_race(self) -> dict[Key, list[float]]:
+        """Every round time of the contenders that ran every round (for :func:`_noisy`)."""
+        return {k: ts for k, ts in self.spread.items() if k not in self.pruned}
+
+    def ranked(self, contenders: Sequence[Contender]) -> list[Contender]:
+        """The contenders still in the race with their best times, fastest first (ties in
+        the given order)."""
+        alive = [
+            c._replace(us=self.best_us[c.key])
+            for c in contenders
+            if c.key in self.best_us and c.key not in self.failed and c.key not in self.screened
+        ]
+        order = {c.key: i for i, c in enumerate(contenders)}
+        return sorted(alive, key=lambda c: (c.us, order[c.key]))
+
+
+def _median_us(result: Any) -> float:
+    v = getattr(result, "median_us", None)
+    if v is not None:
+        return float(v)
+    if isinstance(result, Mapping) and "median_us" in result:
+        return float(result["median_us"])
+    return float(result)
+
+
+def race_options(profile_options: Mapping[str, Any] | None) -> tuple[int, dict[str, Any]]:
+    """(rounds, options for each ``profile`` call): a turn's budget is 1/rounds of a full
+    profile, so the race costs about one profile per contender."""
+    opts = dict(profile_options or {})
+    rounds = max(1, int(opts.pop("rounds", PROFILE_ROUNDS)))
+    opts.setdefault("min_time_s", 0.2 / rounds)
+    opts.setdefault("min_repeats", max(1, 30 // rounds))
+    return rounds, opts
+
+
+def _time(
+    be: Backend,
+    c: Contender,
+    inputs: Any,
+    options: Mapping[str, Any],
+    result: RaceResult,
+    stand_in: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> float | None:
+    """One ``profile`` call of one contender; a failure takes it out of the race."""
+    try:
+        with stand_in():
+            return _median_us(be.profile(c.launcher, inputs, **options))
+    except Exception as exc:
+        result.failed[c.key] = f"profiling failed: {type(exc).__name__}: {exc}"
+        return None
+
+
+def _screen(
+    be: Backend,
+    contenders: Sequence[Contender],
+    inputs: Any,
+    options: Mapping[str, Any],
+    result: RaceResult,
+    stand_in: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> None:
+    """The screening turn: a few repeats each; contenders over ``SCREEN_FACTOR`` times the
+    fastest leave the race with their screen time."""
+    opts = dict(options)
+    opts["min_repeats"] = SCREEN_OPTIONS["min_repeats"]
+    opts["min_time_s"] = min(float(opts["min_time_s"]), float(SCREEN_OPTIONS["min_time_s"]))
+    quick = {}
+    for c in contenders:
+        us = _time(be, c, inputs, opts, result, stand_in)
+        if us is not None:
+            quick[c.key] = us
+    if not quick:
+        return
+    fastest = min(quick.values())
+    for key, us in quick.items():
+        if us > SCREEN_FACTOR * fastest:
+            result.best_us[key] = us
+            result.screened[key] = (
+                f"screened out ({us:.1f} µs, over {SCREEN_FACTOR:g}x the fastest {fastest:.1f} µs)"
+            )
+
+
+def race(
+    be: Backend,
+    contenders: Sequence[Contender],
+    inputs: Any,
+    profile_options: Mapping[str, Any] | None = None,
+    *,
+    stand_in: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> RaceResult:
+    """Time ``contenders`` on ``inputs`` (the screen when some candidate has several
+    variants, then interleaved rounds with pruning) inside the backend's profiling session.
+    ``stand_in`` wraps every ``profile`` call (a multi-device kernel's local collective)."""
+    rounds, opts = race_options(profile_options)
+    result = RaceResult()
+    with be.profiling_session():
+        if len(contenders) > len({c.candidate for c in contenders}):
+            _screen(be, contenders, inputs, opts, result, stand_in)
+        live = [c for c in contenders if c.key not in result.screened | result.failed]
+        for turn in range(rounds):
+            if turn >= PRUNE_AFTER_ROUNDS:
+                result.pruned |= out_of_the_race(
+                    {c.key: result.best_us[c.key] for c in live if c.key in result.best_us}
+                )
+            for c in live:
+                if c.key in result.pruned or c.key in result.failed:
+                    continue
+                us = _time(be, c, inputs, opts, result, stand_in)
+                if us is None:
+                    continue
+                result.best_us[c.key] = min(result.best_us.get(c.key, math.inf), us)
+                result.spread.setdefault(c.key, []).append(us)
+    return result
+
+
+def out_of_the_race(best_us: Mapping[_K, float]) -> set[_K]:
+    """The keys whose best time is over ``PRUNE_RATIO`` times the best one."""
+    if not best_us:
+        return set()
+    best = min(best_us.values())
+    return {k for k, t in best_us.items() if t > best * PRUNE_RATIO}
+
+
+def _noisy(spread: Mapping[Any, list[float]]) -> bool:
+    """True when some contender's best round was not reproduced by another round: its
+    time (the best round's median) may then be inflated by load from other processes."""
+    for rounds in spread.values():
+        if len(rounds) < 2:
+            continue
+        best = min(rounds)
+        if sum(1 for r in rounds if r <= best * NOISE_TOLERANCE) < 2:
+            return True
+    return False
+
+
+def pick_cold_tie(
+    cold_us: Mapping[_K, float], warm_us: Callable[[_K], float | None]
+) -> tuple[_K, dict[_K, float]]:
+    """The key with the lowest cold-cache time, or, among the keys within ``COLD_TIE_RATIO``
+    of it, the one ``warm_us`` (time with the inputs left in cache) finds fastest; with the
+    warm times used (empty when nothing tied or ``warm_us`` gave None)."""
+    best = min(cold_us, key=lambda k: cold_us[k])
+    tied = [k for k in cold_us if cold_us[k] <= COLD_TIE_RATIO * cold_us[best]]
+    if len(tied) < 2:
+        return best, {}
+    warm: dict[_K, float] = {}
+    for k in tied:
+        us = warm_us(k)
+        if us is None:
+            return best, {}
+        warm[k] = us
+    return min(tied, key=lambda k: warm[k]), warm
+
+
+def break_cold_ties(
+    be: Backend, ranked: list[Contender], inputs: Any, notes: list[str]
+) -> list[Contender]:
+    """``ranked`` (fastest cold time first) with :func:`pick_cold_tie`'s contender first; a
+    note when the warm times changed the pick."""
+    launchers = {c.key: c.launcher for c in ranked}
+    try:
+        pick, warm = pick_cold_tie(
+            {c.key: c.us for c in ranked}, lambda k: be.warm_time_us(launchers[k], inputs)
+        )
+    except Exception as exc:  # a timing failure only forgoes the tie-break
+        notes.append(f"warm timing failed, contenders ordered by cold time: {exc}")
+        return ranked
+    first = ranked[0].key
+    if pick != first:
+        notes.append(
+            f"{', '.join(label(k) for k in warm)} were within {COLD_TIE_RATIO:g}x of each "
+            f"other with a cold cache; {label(pick)} was chosen as the fastest with its inputs "
+            f"in cache ({warm[pick]:.1f} µs against {warm[first]:.1f} µs)"
+        )
+    return sorted(ranked, key=lambda c: c.key != pick)
