@@ -6,19 +6,40 @@ and matches float64 references; the target decides which printings are tried."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import plans
 import pytest
 
 from yirage.plan import CodegenError, parse_plan
 from yirage.plugin import ConfigError, DeviceSpec, ProbeResult
 
+# The fixture plans and their float64 references are the cuda tests' (tests/cuda/plans.py).
+# No conftest.py here: tests/cuda's modules import theirs as ``conftest``.
+sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
+# Pin Triton's announced default (it warns otherwise, and warnings are errors here).
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+import plans
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
     reason="torch and triton are not installed (pip install torch triton runs these tests)",
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The tests of this module write into one fresh cache (not the user's)."""
+    root = tmp_path_factory.mktemp("yirage-triton-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("YIRAGE_CACHE_DIR", str(root))
+    yield root
+    mp.undo()
+
 
 ALL_NAMES = {
     "triton_split",

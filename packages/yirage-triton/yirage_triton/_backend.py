@@ -263,7 +263,8 @@ class TritonBackend(Backend):
     def default_options(self, plan: Plan) -> TritonOptions:
         """The printer's options for ``plan``: the user's, else the target's defaults (and
         programmatic dependent launch, except for safe-softmax (attention) plans, where it
-        measured slower or level: benchmarks/README.md, "Why these variants")."""
+        measured slower or level: benchmarks/README.md, "Why the cuda backend prints these
+        variants")."""
         if self.triton_options is not None:
             opts = self.triton_options
         else:
