@@ -1,7 +1,9 @@
-"""KernelPlans produced by the core (format ``yirage.kernel_plan`` v2, docs/kernel-plan.md)."""
+"""KernelPlans produced by the core (format ``yirage.kernel_plan`` v3, docs/kernel-plan.md) and
+their typed reader, ``yirage.plan``."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from typing import Any
@@ -20,6 +22,7 @@ from _search_graphs import (
     rmsnorm_linear,
     search,
 )
+from cpu.cpu_plan_tools import PlanBuilder, off
 
 import yirage as yr
 from yirage import _core
@@ -57,7 +60,7 @@ def _check_tiles_in_bounds(k: dict[str, Any]) -> None:
 def test_baseline_plan_is_library_kernels() -> None:
     g = rmsnorm_linear(8, 512, 768)
     plan = _plan(g)
-    assert plan["format"] == "yirage.kernel_plan" and plan["version"] == 2
+    assert plan["format"] == "yirage.kernel_plan" and plan["version"] == 3
     assert plan["graph_hash"] == g.hash()
     assert [k["kind"] for k in plan["kernels"]] == ["library", "library"]
     assert [k["op"] for k in plan["kernels"]] == ["rms_norm", "matmul"]
@@ -241,3 +244,291 @@ def test_hand_written_split_kv_ugraph_carries_the_shift() -> None:
 def test_readers_that_cannot_undo_the_shift_are_mapping_errors(reader: str, message: str) -> None:
     with pytest.raises(yr.MappingError, match=message):
         _plan(_split_kv_ugraph(reader))
+
+
+# -- yirage.plan: the typed reader -----------------------------------------------------------
+
+
+def _fused_rms(grid: int = 8, forloop: int = 4) -> dict[str, Any]:
+    """rms_norm(X) @ W as one kernel (X and W walk the loop), lowered for the H100."""
+    return _plan(rmsnorm_linear_ugraph(8, 512, 768, grid=grid, forloop=forloop))
+
+
+def _hoisting_plan() -> dict[str, Any]:
+    """silu(sum_to_64(X)) @ W with X loaded once: the sum and the silu are loop-invariant."""
+    g = yr.new_kernel_graph()
+    x = g.new_input(dims=(8, 512), dtype=yr.float32)
+    w = g.new_input(dims=(256, 256), dtype=yr.float32)
+    tb = yr.new_threadblock_graph(
+        grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=-1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    a = tb.silu(tb.reduction_to_dimx(bx, 1))
+    tb.new_output(tb.forloop_accum(tb.matmul(a, bw)), output_map=(1, -1, -1))
+    (o,) = g.customized([x, w], tb)
+    g.mark_output(o)
+    return _plan(g)
+
+
+@functools.cache
+def _attention_text() -> str:
+    res = search(attention(1, 64, 32, 512), device_spec=CPU2, cache=False)
+    fused = [
+        c for c in res.candidates if [k["kind"] for k in plan_of(c)["kernels"]] == ["generated"]
+    ]
+    assert fused
+    return json.dumps(plan_of(fused[0]))
+
+
+def _attention_plan() -> dict[str, Any]:
+    """The single-kernel attention candidate's plan (a fresh copy)."""
+    return json.loads(_attention_text())  # type: ignore[no-any-return]
+
+
+def test_the_reader_accepts_every_form_of_a_plan() -> None:
+    from yirage.plan import Plan, PlanError, parse_plan
+
+    d = _fused_rms()
+    text = json.dumps(d)
+
+    class WithJson:
+        def to_json(self) -> str:
+            return text
+
+    class Candidate:
+        def kernel_plan(self) -> WithJson:
+            return WithJson()
+
+    parsed = parse_plan(d)
+    assert isinstance(parsed, Plan)
+    for form in (text, text.encode(), WithJson(), Candidate(), parsed):
+        assert parse_plan(form).text == parsed.text
+    with pytest.raises(PlanError, match="not JSON"):
+        parse_plan("{nope")
+    with pytest.raises(PlanError, match="expected a JSON object, got list"):
+        parse_plan("[]")
+    with pytest.raises(PlanError, match="format 'other'"):
+        parse_plan({**d, "format": "other"})
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_plans_before_version_3_are_refused_naming_the_fix(version: int) -> None:
+    from yirage.plan import PlanError, parse_plan
+
+    with pytest.raises(PlanError, match=rf"version {version} lacks the analyses.*lower the graph"):
+        parse_plan({**_fused_rms(), "version": version})
+
+
+def test_an_unknown_version_names_the_upgrade() -> None:
+    from yirage.plan import PlanError, parse_plan
+
+    with pytest.raises(PlanError, match=r"version 99 is not supported.*install matching"):
+        parse_plan({**_fused_rms(), "version": 99})
+
+
+def test_typed_reading_of_the_analysed_fields() -> None:
+    from yirage.plan import parse_plan
+
+    (k,) = parse_plan(_fused_rms(grid=8, forloop=4)).generated
+    mm = next(o for o in k.ops if o.op == "matmul")
+    assert mm.accumulate_into is not None
+    assert k.op(mm.accumulate_into).attr("acc") == "iter"
+    assert k.fused_accums() == {mm.accumulate_into: mm.id}
+    assert not any(o.hoisted for o in k.ops) and k.invariant_ops() == set()
+    assert k.loop_split == 4  # 8 blocks on 132 SMs, the loop divides 4 ways
+    (k,) = parse_plan(_hoisting_plan()).generated
+    assert [o.phase for o in k.ops] == ["pre", "loop", "pre", "pre", "loop", "accum"]
+    assert k.invariant_ops() == {0, 2, 3} == {o.id for o in k.ops if o.hoisted}
+    (k,) = parse_plan(_attention_plan()).generated
+    (group,) = k.safe_softmax
+    assert [(r.accum, r.degree) for r in group.rescale] == [(a, 1) for a in group.accums]
+
+
+def _reject(plan: dict[str, Any], match: str) -> None:
+    from yirage.plan import PlanError, parse_plan
+
+    with pytest.raises(PlanError, match=match):
+        parse_plan(plan)
+
+
+def _k(plan: dict[str, Any]) -> dict[str, Any]:
+    (k,) = generated(plan)
+    return k
+
+
+def test_loop_invariant_ops_must_be_hoisted() -> None:
+    plan = _hoisting_plan()
+    _k(plan)["ops"][0]["phase"] = "loop"
+    _reject(plan, "does not walk the loop, so it is loaded once and must be 'pre'")
+    plan = _hoisting_plan()
+    _k(plan)["ops"][3]["phase"] = "loop"
+    _reject(plan, "operands are all 'pre', so it is loop-invariant and must be 'pre'")
+
+
+def test_accumulate_into_is_checked() -> None:
+    plan = _fused_rms()
+    ops = _k(plan)["ops"]
+    mm = next(o for o in ops if o["op"] == "matmul")
+    acc = mm["accumulate_into"]
+    rms = next(o for o in ops if o.get("acc") == "rms")
+    cases = [
+        (lambda: ops[0].update(accumulate_into=acc), "only matmuls accumulate"),
+        (lambda: mm.update(accumulate_into=rms["id"]), "is not an 'iter' accumulator"),
+        (lambda: mm.update(accumulate_into=99), "accumulate_into 99 is not"),
+        (lambda: mm.update(accumulate_into=-1), "accumulate_into must be"),
+    ]
+    for edit, match in cases:
+        plan = _fused_rms()
+        ops = _k(plan)["ops"]
+        mm = next(o for o in ops if o["op"] == "matmul")
+        edit()
+        _reject(plan, match)
+    # a second reader of the product: the epilogue divides it too
+    plan = _fused_rms()
+    ops = _k(plan)["ops"]
+    mm = next(o for o in ops if o["op"] == "matmul")
+    extra = {"id": len(ops), "op": "accum", "acc": "iter", "args": [mm["id"]]}
+    ops.append({**extra, "dims": mm["dims"], "phase": "accum"})
+    _reject(plan, "read besides accumulator")
+    # a matmul of tiles loaded once is hoisted: it cannot add into the accumulator each step
+    p = PlanBuilder()
+    x, w = p.input([8, 64]), p.input([64, 32])
+    k = p.kernel("pre_mm", forloop_range=2)
+    mm = k.matmul(k.input(x, [8, 64], [[], []]), k.input(w, [64, 32], [[], []]))
+    k.output(p.output([8, 32]), k.accum(mm), [[], []])
+    plan = p.build()
+    assert "accumulate_into" not in _k(plan)["ops"][mm]
+    _k(plan)["ops"][mm]["accumulate_into"] = mm + 1
+    _reject(plan, "only 'loop' matmuls accumulate into an accumulator: 'pre'")
+
+
+def test_rescale_entries_are_checked() -> None:
+    base = _attention_plan()
+    g0 = _k(base)["safe_softmax"][0]
+    a0 = g0["accums"][0]
+    cases: list[tuple[Any, str]] = [
+        ("x", "rescale must be a list"),
+        ([{"accum": 999, "degree": 1}], "rescale names op 999, which is not one of the group"),
+        ([{"accum": a0, "degree": 0}], "degree 0, which needs no rescale"),
+        ([{"accum": a0, "degree": 1}, {"accum": a0, "degree": 1}], "rescaled twice"),
+        ([{"accum": a0, "degree": "1"}], "rescale degree must be an int"),
+        ([{"accum": a0}], "missing field 'degree'"),
+    ]
+    for rescale, match in cases:
+        plan = json.loads(json.dumps(base))
+        _k(plan)["safe_softmax"][0]["rescale"] = rescale
+        _reject(plan, match)
+    plan = json.loads(json.dumps(base))
+    del _k(plan)["safe_softmax"][0]["rescale"]
+    _reject(plan, "missing field 'rescale'")
+
+
+def _group_plan(rows_of_acc: int, x_walks: bool = True) -> dict[str, Any]:
+    """exp(X[2, 256]) with its row sums accumulated, or (``rows_of_acc`` 1) the sum over its
+    rows too; with ``x_walks`` off, X is loaded once and the exp is hoisted."""
+    p = PlanBuilder()
+    x = p.input([2, 256])
+    k = p.kernel("k", forloop_range=4)
+    if x_walks:
+        e = k.unary("exp", k.input(x, [2, 64], [[], off(("iter", 64))]))
+    else:
+        e = k.unary("exp", k.input(x, [2, 256], [[], []]))
+    acc = k.accum(e if rows_of_acc == 2 else k.reduction(e, 0), "sum")
+    k.output(p.output([rows_of_acc, 1]), acc, [[], []])
+    k.safe_softmax(e, [acc])
+    return p.build()
+
+
+def test_rescale_rows_must_broadcast_and_a_hoisted_exp_rescales_nothing() -> None:
+    from yirage.plan import parse_plan
+
+    parse_plan(_group_plan(2))
+    _reject(_group_plan(1), r"running max has rows \[2\], which do not broadcast")
+    hoisted = _group_plan(2, x_walks=False)
+    g = _k(hoisted)["safe_softmax"][0]
+    assert g["rescale"] == []  # the builder, as the lowering, leaves it empty
+    parse_plan(hoisted)
+    g["rescale"] = [{"accum": g["accums"][0], "degree": 1}]
+    _reject(hoisted, "is hoisted, so its max is fixed and rescales nothing")
+
+
+def test_loop_split_is_checked() -> None:
+    for split, match in (
+        (3, "loop_split 3 is not a power of two"),
+        (8, "dividing forloop_range 4"),
+        (0, "loop_split must be ≥ 1"),
+    ):
+        plan = _fused_rms(grid=8, forloop=4)
+        _k(plan)["loop_split"] = split
+        _reject(plan, match)
+    plan = _fused_rms()
+    del _k(plan)["loop_split"]
+    _reject(plan, "missing field 'loop_split'")
+
+
+def _printer_split_today(k: Any, sm_count: int) -> int:
+    """The Triton printer's loop split before the core decided it (cap 16): a kernel whose
+    loop streams tiles into accumulators and whose grid leaves SMs idle is split into the
+    smallest power of two dividing the loop that gives every SM two blocks."""
+    if not any(o.op == "accum" for o in k.ops) or not any(a.uses_iter() for a in k.inputs):
+        return 1
+    split = 1
+    while (
+        k.blocks * split < 2 * sm_count and split * 2 <= 16 and k.forloop_range % (split * 2) == 0
+    ):
+        split *= 2
+    return int(split)
+
+
+def _triton_loop_split() -> Any:
+    """The Triton printer's own ``loop_split`` where a package still has it, else None."""
+    import importlib
+
+    for module in ("yirage_triton._codegen", "yirage_cuda._triton_codegen"):
+        try:
+            return getattr(importlib.import_module(module), "loop_split", None)
+        except ImportError:
+            continue
+    return None
+
+
+#: The H100 bench workloads (yirage bench --backend cuda) and the split of the first
+#: candidate's kernels: 16-block attention kernels split 16 ways (the cap), the 64- to
+#: 128-block matmul kernels 4 or 8 ways.
+H100_BENCH = [
+    ("rmsnorm_linear", "gpu", [4]),
+    ("gated_mlp", "gpu", [4]),
+    ("lora", "gpu", [8]),
+    ("gqa_decode", "gpu", [16]),
+    ("gqa_decode", "gpu_kv16384", [16]),
+    ("qknorm_gqa", "gpu", [16]),
+]
+
+
+@pytest.mark.parametrize("name,preset,first", H100_BENCH)
+def test_the_core_emits_the_split_the_triton_printer_uses(
+    name: str, preset: str, first: list[int]
+) -> None:
+    """On the H100 spec (132 SMs) every generated kernel of every candidate the search offers
+    for the bench workloads gets the loop split the Triton printer chose itself (one cap)."""
+    from yirage._workloads import get_workload
+    from yirage.plan import parse_plan
+
+    wl = get_workload(name)
+    res = search(
+        wl.graph(preset),
+        device_spec=H100,
+        deterministic=True,
+        top_k=4,
+        time_limit=60,
+        config=wl.search_config,
+    )
+    printer = _triton_loop_split()
+    plans = [parse_plan(c.kernel_plan()) for c in res.candidates]
+    assert [k.loop_split for k in plans[0].generated] == first
+    for p in plans:
+        for k in p.generated:
+            assert k.loop_split == _printer_split_today(k, 132), k.name
+            if printer is not None:
+                assert k.loop_split == printer(k, 132), k.name

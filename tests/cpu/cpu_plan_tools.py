@@ -1,6 +1,11 @@
 """Test helpers: build KernelPlans (docs/kernel-plan.md) by hand and run them in float64.
 
-``PlanBuilder`` writes plan JSON with the shape rules of the µGraph IR; tests run what it
+``PlanBuilder`` writes version-3 plan JSON with the shape rules of the µGraph IR and the
+lowering's decisions where a test does not state them: an op whose phase is not given is
+``pre`` when it is loop-invariant (a load without an ``iter`` offset, an op of ``pre`` values)
+and ``loop`` otherwise; a loop matmul read only by an ``iter`` accumulator of its dims adds into
+it (``accumulate_into``); a safe-softmax group rescales its accumulators with degree 1 unless
+the test names the degrees (none when the exp is ``pre``); ``loop_split`` is 1. Tests run what it
 builds with the shared float64 plan interpreter (``_plan_ref.run_plan``, exact math without
 the safe-softmax shift inside a kernel, so it checks the printer's running-max rewrite too).
 """
@@ -36,12 +41,25 @@ class KernelBuilder:
             "outputs": [],
             "safe_softmax": [],
             "smem_bytes": 0,
+            "loop_split": 1,
         }
         self.dims: dict[int, list[int]] = {}
+        self.fuse = True  # mark matmuls that add straight into their accumulator
 
-    def _add(self, op: dict[str, Any], dims: list[int], phase: str) -> int:
+    def _phase(self, op: dict[str, Any]) -> str:
+        """The lowering's phase of an op whose test gives none: ``pre`` if loop-invariant."""
+        if op["op"] == "input":
+            walks = any(
+                t["var"] == "iter" for d in self.k["inputs"][op["input"]]["offsets"] for t in d
+            )
+            return "loop" if walks else "pre"
+        pre = all(self.k["ops"][a]["phase"] == "pre" for a in op["args"])
+        return "pre" if pre else "loop"
+
+    def _add(self, op: dict[str, Any], dims: list[int], phase: str | None) -> int:
         oid = len(self.k["ops"])
-        op = {"id": oid, **op, "dims": list(dims), "phase": phase}
+        op = {"id": oid, **op, "dims": list(dims)}
+        op["phase"] = phase if phase is not None else self._phase(op)
         self.k["ops"].append(op)
         self.dims[oid] = list(dims)
         return oid
@@ -51,7 +69,7 @@ class KernelBuilder:
         buffer: int,
         tile: list[int],
         offsets: list[list[dict[str, Any]]],
-        phase: str = "loop",
+        phase: str | None = None,
         shift: tuple[int, int] | None = None,
     ) -> int:
         """A tile load; ``shift=(max buffer, width)`` reads a partial stored shifted, whose
@@ -75,12 +93,12 @@ class KernelBuilder:
         self.k["inputs"].append(entry)
         return self._add({"op": "input", "input": len(self.k["inputs"]) - 1}, tile, phase)
 
-    def matmul(self, a: int, b: int, phase: str = "loop") -> int:
+    def matmul(self, a: int, b: int, phase: str | None = None) -> int:
         da, db = self.dims[a], self.dims[b]
         return self._add({"op": "matmul", "args": [a, b]}, [*da[:-1], db[-1]], phase)
 
     def unary(
-        self, name: str, x: int, params: list[float] | None = None, phase: str = "loop"
+        self, name: str, x: int, params: list[float] | None = None, phase: str | None = None
     ) -> int:
         return self._add(
             {"op": "unary", "unop": name, "params": list(params or []), "args": [x]},
@@ -88,26 +106,26 @@ class KernelBuilder:
             phase,
         )
 
-    def binary(self, name: str, a: int, b: int, phase: str = "loop") -> int:
+    def binary(self, name: str, a: int, b: int, phase: str | None = None) -> int:
         dims = [max(p, q) for p, q in zip(self.dims[a], self.dims[b], strict=True)]
         return self._add({"op": "binary", "binop": name, "args": [a, b]}, dims, phase)
 
-    def reduction(self, x: int, dim: int, phase: str = "loop") -> int:
+    def reduction(self, x: int, dim: int, phase: str | None = None) -> int:
         dims = list(self.dims[x])
         dims[dim] = 1
         return self._add({"op": "reduction", "dim": dim, "args": [x]}, dims, phase)
 
-    def reduction_to_dimx(self, x: int, dim: int, dimx: int, phase: str = "loop") -> int:
+    def reduction_to_dimx(self, x: int, dim: int, dimx: int, phase: str | None = None) -> int:
         dims = list(self.dims[x])
         dims[dim] = dimx
         return self._add(
             {"op": "reduction_to_dimx", "dim": dim, "dimx": dimx, "args": [x]}, dims, phase
         )
 
-    def rms_norm(self, x: int, eps: float = 1e-6, phase: str = "loop") -> int:
+    def rms_norm(self, x: int, eps: float = 1e-6, phase: str | None = None) -> int:
         return self._add({"op": "rms_norm", "eps": eps, "args": [x]}, self.dims[x], phase)
 
-    def concat(self, xs: list[int], dim: int, phase: str = "loop") -> int:
+    def concat(self, xs: list[int], dim: int, phase: str | None = None) -> int:
         dims = list(self.dims[xs[0]])
         dims[dim] = sum(self.dims[x][dim] for x in xs)
         return self._add({"op": "concat", "dim": dim, "args": list(xs)}, dims, phase)
@@ -154,13 +172,20 @@ class KernelBuilder:
         accums: list[int],
         scale_outputs: list[int] | None = None,
         shift_store: tuple[int, list[list[dict[str, Any]]]] | None = None,
+        degrees: dict[int, int] | None = None,
     ) -> None:
         """A group; ``shift_store=(max buffer, offsets)`` stores its running max (tile: the
-        rows of the exp's argument), which ``scale_outputs`` need."""
+        rows of the exp's argument), which ``scale_outputs`` need; ``degrees``: the rescale
+        degree of each accumulator (default 1 each; 0 leaves one out)."""
+        deg = {a: 1 for a in accums} if degrees is None else degrees
+        hoisted = self.k["ops"][exp]["phase"] == "pre"
         group: dict[str, Any] = {
             "exp": exp,
             "accums": accums,
             "scale_outputs": list(scale_outputs or []),
+            "rescale": [
+                {"accum": a, "degree": deg[a]} for a in accums if deg.get(a) and not hoisted
+            ],
         }
         if shift_store is not None:
             arg = self.k["ops"][exp]["args"][0]
@@ -173,6 +198,22 @@ class KernelBuilder:
 
     def shift_carry(self, inputs: list[int], accums: list[int]) -> None:
         self.k["shift_carry"] = {"inputs": inputs, "accums": accums}
+
+    def finish(self) -> dict[str, Any]:
+        """The kernel, its loop matmuls read only by an ``iter`` accumulator of their dims
+        marked ``accumulate_into`` (unless ``fuse`` is off)."""
+        ops = self.k["ops"]
+        stored = {o["src"] for o in self.k["outputs"]}
+        for m in ops:
+            m.pop("accumulate_into", None)
+            if not self.fuse or m["op"] != "matmul" or m["phase"] != "loop" or m["id"] in stored:
+                continue
+            readers = [o for o in ops if m["id"] in o.get("args", [])]
+            if len(readers) == 1:
+                acc = readers[0]
+                if acc["op"] == "accum" and acc["acc"] == "iter" and acc["dims"] == m["dims"]:
+                    m["accumulate_into"] = acc["id"]
+        return self.k
 
 
 class PlanBuilder:
@@ -242,8 +283,8 @@ class PlanBuilder:
     def build(self) -> dict[str, Any]:
         return {
             "format": "yirage.kernel_plan",
-            "version": 2,
+            "version": 3,
             "graph_hash": "test",
             "buffers": self.buffers,
-            "kernels": [k.k if isinstance(k, KernelBuilder) else k for k in self.kernels],
+            "kernels": [k.finish() if isinstance(k, KernelBuilder) else k for k in self.kernels],
         }

@@ -14,6 +14,7 @@ import pytest
 from _plan_ref import rel_err, run_plan
 from cpu_plan_tools import PLANS, PlanBuilder, off
 
+from yirage.plan import LibraryKernel, PlanError, parse_plan
 from yirage_cpu import _codegen, _toolchain
 
 F32_TOL = 1e-5
@@ -309,7 +310,7 @@ def test_safe_softmax_rescales_by_the_shift_degree(build: Any) -> None:
     k.output(
         p.output([4, 1]), k.epi_binary("div", sq, k.epi_binary("mul", s, s)), [off(("bx", 2)), []]
     )
-    k.safe_softmax(e, [sq, s])
+    k.safe_softmax(e, [sq, s], degrees={sq: 2, s: 1})
     plan = p.build()
     launcher = build(plan)
     xin = _rng(14).standard_normal((4, 512), dtype=np.float32)
@@ -484,8 +485,13 @@ def test_printed_library_matmuls(build: Any, a: tuple[int, ...], b: tuple[int, .
     xa, xb = p.input(list(a)), p.input(list(b))
     p.library("matmul", [xa, xb], [p.output([*a[:-1], b[-1]])])
     plan = p.build()
-    gk = _codegen.library_matmul_kernel(plan["kernels"][0], {x["id"]: x for x in plan["buffers"]})
+    typed = parse_plan(plan)
+    lib = typed.kernels[0]
+    assert isinstance(lib, LibraryKernel)
+    gk = _codegen.library_matmul_kernel(lib, {x.id: x for x in typed.buffers})
     assert gk is not None
+    # as the lowering would mark it: a looping product adds into its accumulator
+    assert gk.ops[2].accumulate_into == (3 if gk.forloop_range > 1 else None)
     launcher = build(plan)
     assert [s.kind for s in launcher.program.steps] == ["generated"]
     rng = _rng(sum(a) + sum(b))
@@ -505,22 +511,43 @@ def test_three_dimensional_grid(build: Any) -> None:
     _check(launcher, plan, [_rng(13).standard_normal((4, 6, 32), dtype=np.float32)])
 
 
-def test_malformed_plans_raise_codegen_errors() -> None:
+def test_malformed_plans_raise_plan_errors() -> None:
+    """The printer reads plans through yirage.plan, whose errors name the problem."""
     good = json.loads((PLANS / "rmsnorm_matmul.json").read_text())
-    with pytest.raises(_codegen.CodegenError, match="format"):
+    with pytest.raises(PlanError, match="format"):
         _codegen.generate({**good, "format": "something"})
-    with pytest.raises(_codegen.CodegenError, match="version"):
+    with pytest.raises(PlanError, match="version 99"):
         _codegen.generate({**good, "version": 99})
-    with pytest.raises(_codegen.CodegenError, match="not valid JSON"):
+    with pytest.raises(PlanError, match="lower the graph again"):
+        _codegen.generate({**good, "version": 2})
+    with pytest.raises(PlanError, match="not JSON"):
         _codegen.generate("{nope")
     bad = json.loads(json.dumps(good))
     bad["kernels"][0]["ops"][2]["op"] = "fft"
-    with pytest.raises(_codegen.CodegenError, match="unknown tile op 'fft'"):
+    with pytest.raises(PlanError, match="unknown tile op 'fft'"):
         _codegen.generate(bad)
     bad = json.loads(json.dumps(good))
     bad["buffers"][0]["dtype"] = "int8"
-    with pytest.raises(_codegen.CodegenError, match="int8"):
+    with pytest.raises(PlanError, match="int8"):
         _codegen.generate(bad)
+
+
+def test_a_running_max_broadcast_over_rows_is_refused() -> None:
+    """A valid plan whose group max (one row) broadcasts over an accumulator's 2 rows: the CPU
+    printer indexes the max by row, so it refuses the plan with a CodegenError."""
+    p = PlanBuilder()
+    x = p.input([1, 256])
+    v = p.input([2, 256])
+    k = p.kernel("bcast", forloop_range=4)
+    e = k.unary("exp", k.input(x, [1, 64], [[], off(("iter", 64))]))
+    acc = k.accum(k.binary("mul", e, k.input(v, [2, 64], [[], off(("iter", 64))])), "sum")
+    den = k.accum(e, "sum")
+    k.output(p.output([2, 1]), k.epi_binary("div", acc, den), [[], []])
+    k.safe_softmax(e, [acc, den])
+    plan = p.build()
+    parse_plan(plan)  # valid
+    with pytest.raises(_codegen.CodegenError, match="broadcast"):
+        _codegen.generate(plan)
 
 
 def test_plan_objects_with_to_json_are_accepted() -> None:

@@ -13,6 +13,7 @@ from _plan_ref import rel_err, run_plan
 from _search_graphs import H100, attention, generated, plan_of, search
 from cpu_plan_tools import PlanBuilder, off
 
+from yirage.plan import PlanError
 from yirage_cpu import _codegen
 
 TOL = 1e-5
@@ -90,18 +91,20 @@ def test_split_kv_partials_stay_finite_beyond_the_exp_range(
     assert rel_err(run_plan(plan, [x.astype(np.float64) for x in xs])[0], want) < 1e-12
 
 
-def test_version_1_shifted_outputs_are_refused_with_the_fix() -> None:
-    """Version 1 un-shifted scale_outputs before the store; such a plan is not printed."""
+def test_older_plan_versions_are_refused_with_the_fix() -> None:
+    """Version 1 un-shifted scale_outputs before the store and neither it nor version 2
+    carries the analysed fields; such plans are not printed."""
     plan = _split_attention_plan(0.1, "loop")
-    plan["version"] = 1
-    with pytest.raises(_codegen.CodegenError, match="lower the graph again"):
-        _codegen.generate(plan)
+    for version in (1, 2):
+        plan["version"] = version
+        with pytest.raises(PlanError, match="lower the graph again with this yirage"):
+            _codegen.generate(plan)
 
 
 def test_a_shifted_input_needs_the_shift_carry() -> None:
     plan = _split_attention_plan(0.1, "loop")
     del plan["kernels"][1]["shift_carry"]
-    with pytest.raises(_codegen.CodegenError, match="shift_load"):
+    with pytest.raises(PlanError, match="shift_load"):
         _codegen.generate(plan)
 
 

@@ -44,7 +44,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from yirage.plugin import BackendError
+from yirage.plan import (
+    FORMAT,
+    VERSION,
+    Buffer,
+    CodegenError,
+    GeneratedKernel,
+    LibraryKernel,
+    OffsetTerm,
+    SafeSoftmax,
+    TileAccess,
+    TileOp,
+    parse_plan,
+)
 
 __all__ = [
     "PLAN_FORMAT",
@@ -53,11 +65,10 @@ __all__ = [
     "CpuSource",
     "Step",
     "generate",
-    "normalize_plan",
 ]
 
-PLAN_FORMAT = "yirage.kernel_plan"
-PLAN_VERSION = 2
+PLAN_FORMAT = FORMAT
+PLAN_VERSION = VERSION
 #: Version of the printer; part of every compile-cache key.
 CODEGEN_VERSION = "7"
 
@@ -77,10 +88,6 @@ PREFETCH = False
 _PREFETCH_BYTES = 8192
 #: OpenMP schedule of the grid loop.
 SCHEDULE = "static"
-
-
-class CodegenError(BackendError):
-    """The plan is malformed or uses something the CPU printer does not support."""
 
 
 @dataclass(frozen=True)
@@ -113,66 +120,6 @@ class CpuSource:
 
     def __str__(self) -> str:
         return self.code
-
-
-# -- plan handling ---------------------------------------------------------------------------
-
-
-def normalize_plan(plan: Any) -> dict[str, Any]:
-    """The plan as a dict: accepts a dict, a JSON string or an object with ``to_json()``."""
-    if hasattr(plan, "to_json") and not isinstance(plan, (str, bytes, Mapping)):
-        plan = plan.to_json()
-    if isinstance(plan, bytes):
-        plan = plan.decode("utf-8")
-    if isinstance(plan, str):
-        try:
-            plan = json.loads(plan)
-        except json.JSONDecodeError as exc:
-            raise CodegenError(f"the kernel plan is not valid JSON: {exc}") from None
-    if not isinstance(plan, Mapping):
-        raise CodegenError(f"a kernel plan must be a JSON object, got {type(plan).__name__}")
-    plan = dict(plan)
-    if plan.get("format") != PLAN_FORMAT:
-        raise CodegenError(
-            f"not a kernel plan: format is {plan.get('format')!r}, expected {PLAN_FORMAT!r}"
-        )
-    if plan.get("version") not in (1, PLAN_VERSION):
-        raise CodegenError(
-            f"kernel plan version {plan.get('version')!r} is not supported by this yirage-cpu "
-            f"(it prints version {PLAN_VERSION}); install matching versions of yirage and "
-            "yirage-cpu"
-        )
-    buffers = plan.get("buffers")
-    kernels = plan.get("kernels")
-    if not isinstance(buffers, list) or not isinstance(kernels, list):
-        raise CodegenError("a kernel plan needs the lists 'buffers' and 'kernels'")
-    ids = []
-    for b in buffers:
-        if not isinstance(b, Mapping) or not {"id", "dims", "dtype", "role"} <= set(b):
-            raise CodegenError(f"malformed plan buffer {b!r}: needs id, dims, dtype, role")
-        if b["dtype"] not in _DTYPE_C:
-            raise CodegenError(
-                f"plan buffer {b['id']} has dtype {b['dtype']!r}; the CPU backend supports "
-                f"{', '.join(_DTYPE_C)}"
-            )
-        if b["role"] not in ("input", "output", "intermediate"):
-            raise CodegenError(f"plan buffer {b['id']} has an unknown role {b['role']!r}")
-        ids.append(b["id"])
-    if sorted(ids) != list(range(len(ids))):
-        raise CodegenError(f"plan buffer ids must be 0..{len(ids) - 1}, got {sorted(ids)}")
-    if plan["version"] == 1 and any(
-        g.get("scale_outputs") for k in kernels for g in k.get("safe_softmax", []) or []
-    ):
-        raise CodegenError(
-            "kernel plan version 1 un-shifts scale_outputs by exp(m) before the store, which "
-            "overflows; lower the graph again with this yirage (version 2 stores them shifted)"
-        )
-    out: dict[str, Any] = plan
-    return out
-
-
-def _buffers_by_id(plan: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
-    return {int(b["id"]): dict(b) for b in plan["buffers"]}
 
 
 # -- small helpers ---------------------------------------------------------------------------
@@ -342,8 +289,8 @@ def unary_expr(op: str, params: Sequence[float], x: str) -> str:
 class _KernelPrinter:
     def __init__(
         self,
-        kernel: Mapping[str, Any],
-        buffers: Mapping[int, Mapping[str, Any]],
+        kernel: GeneratedKernel,
+        buffers: Mapping[int, Buffer],
         symbol: str,
         simd_width_bits: int,
     ) -> None:
@@ -354,231 +301,68 @@ class _KernelPrinter:
         self.vl = max(1, simd_width_bits // 32)  # floats per SIMD register
         self.vregs = 32 if simd_width_bits >= 512 or _is_arm() else 16
         self.counter = 0
-        self.ops: dict[int, dict[str, Any]] = {}
-        for op in kernel.get("ops", []):
-            oid = int(op["id"])
-            if oid in self.ops:
-                raise CodegenError(f"kernel {kernel.get('name')!r}: duplicate op id {oid}")
-            self.ops[oid] = dict(op)
+        self.ops: dict[int, TileOp] = {op.id: op for op in kernel.ops}
         self.tiles: dict[int, _Tile] = {}
         self.private_decls: list[tuple[str, int]] = []  # (name, floats)
-        self.grid = tuple(int(g) for g in kernel.get("grid", [1, 1, 1]))
-        if len(self.grid) != 3 or min(self.grid) < 1:
-            raise CodegenError(f"kernel {kernel.get('name')!r}: grid must be 3 ints >= 1")
-        self.loop_range = int(kernel.get("forloop_range", 1))
-        if self.loop_range < 1:
-            raise CodegenError(f"kernel {kernel.get('name')!r}: forloop_range must be >= 1")
-        self._analyse()
+        self.grid = kernel.grid
+        self.loop_range = kernel.forloop_range
+        self._read_analyses()
 
-    # -- analysis --------------------------------------------------------------------------
+    # -- the plan's analyses ---------------------------------------------------------------
     def _name(self) -> str:
-        return str(self.k.get("name", self.symbol))
+        return self.k.name
 
     def _err(self, msg: str) -> CodegenError:
         return CodegenError(f"kernel {self._name()!r}: {msg}")
 
-    def _analyse(self) -> None:
-        consumers: dict[int, list[int]] = {i: [] for i in self.ops}
-        for oid, op in self.ops.items():
-            for a in op.get("args", []):
-                if int(a) not in self.ops:
-                    raise self._err(f"op {oid} reads unknown op {a}")
-                consumers[int(a)].append(oid)
-        out_srcs = {int(o["src"]) for o in self.k.get("outputs", [])}
-        for s in out_srcs:
-            if s not in self.ops:
-                raise self._err(f"an output stores unknown op {s}")
-        # Effective phase: the plan's phase, plus hoisting of loads that do not depend on
-        # the loop index and of loop ops whose operands are all hoisted.
-        self.phase: dict[int, str] = {}
-        for oid, op in self.ops.items():
-            ph = str(op.get("phase", "loop"))
-            if ph not in ("pre", "loop", "accum", "epilogue"):
-                raise self._err(f"op {oid} has unknown phase {ph!r}")
-            if op["op"] == "accum":
-                ph = "accum"
-            elif ph == "loop":
-                if op["op"] == "input":
-                    if not self._uses_iter(self._kinput(op)["offsets"]):
-                        ph = "pre"
-                elif op.get("args") and all(self.phase.get(int(a)) == "pre" for a in op["args"]):
-                    ph = "pre"
-            self.phase[oid] = ph
-        # safe-softmax groups: for each exp, the shift degree d of every accumulator it
-        # reaches (the accumulator holds exp(-m)^d times the exact value) and of the outputs
-        # the plan lists; accumulators are rescaled by exp(m_old - m_new)^d before they add.
-        self.softmax_of_exp: dict[int, dict[str, Any]] = {}
+    def _read_analyses(self) -> None:
+        """Index what the plan decided (phases, fusion, rescale degrees, the shift carry) and
+        refuse what this printer cannot print: a running max broadcast over rows."""
+        self.phase = {op.id: op.phase for op in self.k.ops}
+        self.fused_into = {op.id: op.accumulate_into for op in self.k.ops if op.accumulate_into}
+        self.fused_accums = set(self.fused_into.values())
+        self.softmax_of_exp: dict[int, SafeSoftmax] = {g.exp: g for g in self.k.safe_softmax}
         self.rescales: dict[int, list[tuple[int, int]]] = {}  # accum -> [(exp, degree)]
-        self.scaled_outputs: dict[int, list[int]] = {}  # output index -> [exp]
-        outs = self.k.get("outputs", [])
-        for grp in self.k.get("safe_softmax", []) or []:
-            e = int(grp["exp"])
-            if (
-                e not in self.ops
-                or self.ops[e]["op"] != "unary"
-                or self.ops[e].get("unop") != "exp"
-            ):
-                raise self._err(f"safe_softmax group names op {e}, which is not an exp")
-            self.softmax_of_exp[e] = dict(grp)
-            xdims = self._dims(int(self.ops[e]["args"][0]))
-            deg = self._shift_degrees(e)
-            for a in grp.get("accums", []):
-                a = int(a)
-                if a not in self.ops or self.ops[a]["op"] != "accum":
-                    raise self._err(f"safe_softmax group of exp {e} lists op {a}, not an accum")
-                d = deg.get(a)
-                if d is None:
-                    raise self._err(
-                        f"safe_softmax: accumulator {a} is not a monomial in exp {e}'s shift; "
-                        "the running-max rewrite cannot rescale it"
-                    )
-                if d == 0:
-                    continue
-                if tuple(self._dims(a)[:-1]) != tuple(xdims[:-1]):
-                    raise self._err(
-                        f"safe_softmax: accumulator {a} {self._dims(a)} does not have the rows "
-                        f"of exp {e}'s argument {xdims}"
-                    )
-                self.rescales.setdefault(a, []).append((e, d))
-            for oi in grp.get("scale_outputs", []):
-                oi = int(oi)
-                if not 0 <= oi < len(outs):
-                    raise self._err(f"safe_softmax scale_outputs names output {oi}")
-                src_dims = self._dims(int(outs[oi]["src"]))
-                if tuple(src_dims[:-1]) != tuple(xdims[:-1]):
-                    raise self._err(
-                        f"safe_softmax: output {oi} {src_dims} does not have the rows of exp "
-                        f"{e}'s argument {xdims}"
-                    )
-                self.scaled_outputs.setdefault(oi, []).append(e)
-            if bool(grp.get("scale_outputs")) != (grp.get("shift_store") is not None):
-                raise self._err(
-                    f"safe_softmax group of exp {e}: scale_outputs are stored shifted and need "
-                    "a shift_store (and a shift_store needs them)"
-                )
-        self._analyse_carry()
-        # matmul → iter-accumulator fusion
-        self.fused_into: dict[int, int] = {}
-        self.fused_accums: set[int] = set()
-        for oid, op in self.ops.items():
-            if op["op"] != "matmul" or self.phase[oid] != "loop" or oid in out_srcs:
-                continue
-            cons = consumers[oid]
-            if len(cons) != 1:
-                continue
-            acc = self.ops[cons[0]]
-            if acc["op"] == "accum" and acc.get("acc", "iter") in ("iter", None):
-                if tuple(self._dims(cons[0])) == tuple(self._dims(oid)):
-                    self.fused_into[oid] = cons[0]
-                    self.fused_accums.add(cons[0])
-
-    def _analyse_carry(self) -> None:
-        """The ``shift_carry`` group: its shifted input ops (all loaded in one phase), their
-        rows, and the accumulators to rescale (which must have those rows)."""
-        carry = self.k.get("shift_carry")
+        for g in self.k.safe_softmax:
+            rows = self._dims(self.ops[g.exp].args[0])[:-1]
+            for r in g.rescale:
+                self._same_rows(r.accum, rows, f"exp {g.exp}'s running max")
+                self.rescales.setdefault(r.accum, []).append((g.exp, r.degree))
+        carry = self.k.shift_carry
+        self.carry_done = False  # the running max is raised before the first shifted tile
         self.carry_ops: list[int] = []
         self.carry_accums: set[int] = set()
-        self.carry_done = False  # the running max is raised before the first shifted tile
-        ins = self.k.get("inputs", [])
-        shifted = sorted(i for i, x in enumerate(ins) if x.get("shift_load") is not None)
-        listed = sorted(int(i) for i in (carry or {}).get("inputs", []))
-        if listed != shifted:
-            raise self._err(
-                f"shift_carry lists inputs {listed}, but inputs {shifted} have a shift_load"
-            )
         if carry is None:
             return
         self.carry_ops = [
-            o for o, op in self.ops.items() if op["op"] == "input" and int(op["input"]) in listed
+            op.id for op in self.k.ops if op.op == "input" and op.attr("input") in carry.inputs
         ]
-        if len({self.phase[o] for o in self.carry_ops}) != 1:
-            raise self._err("shifted inputs must all walk the loop or all be loaded once")
-        rows = {self._dims(o)[:-1] for o in self.carry_ops}
-        if len(rows) != 1:
-            raise self._err(f"shifted inputs have different rows {sorted(rows)}")
-        self.carry_rows = rows.pop()
-        for a in carry.get("accums", []):
-            a = int(a)
-            if a not in self.ops or self.ops[a]["op"] != "accum":
-                raise self._err(f"shift_carry lists op {a}, not an accumulator")
-            if self._dims(a)[:-1] != self.carry_rows:
-                raise self._err(
-                    f"shift_carry: accumulator {a} {self._dims(a)} does not have the rows "
-                    f"{self.carry_rows} of the shifted inputs"
-                )
-            self.carry_accums.add(a)
+        self.carry_rows = self._dims(self.carry_ops[0])[:-1]
+        for a in carry.accums:
+            self._same_rows(a, self.carry_rows, "the shift carry's running max")
+        self.carry_accums = set(carry.accums)
 
-    def _shift_degrees(self, exp: int) -> dict[int, int | None]:
-        """Degree d of each op's value in exp(-m) (m: the running max of ``exp``'s group);
-        None where the value is not such a monomial."""
-        deg: dict[int, int | None] = {}
-        for oid, op in self.ops.items():
-            args = [deg.get(int(a), 0) for a in op.get("args", [])]
-            kind = op["op"]
-            if oid == exp:
-                d: int | None = 1
-            elif kind == "input" or not args:
-                d = 0
-            elif any(a is None for a in args):
-                d = None
-            elif kind == "matmul":
-                d = args[0] + args[1]  # type: ignore[operator]
-            elif kind == "binary":
-                name = op.get("binop")
-                a, b = args
-                if name == "mul":
-                    d = a + b  # type: ignore[operator]
-                elif name == "div":
-                    d = a - b  # type: ignore[operator]
-                elif a == b and (name in ("add", "sub") or a == 0):
-                    d = a
-                else:
-                    d = None
-            elif kind == "unary":
-                d = args[0] if op.get("unop") in ("neg", "mul_scalar") or args[0] == 0 else None
-            elif kind in ("reduction", "reduction_to_dimx"):
-                d = args[0]
-            elif kind == "accum":
-                d = args[0] if op.get("acc") != "rms" or args[0] == 0 else None
-            elif kind == "rms_norm":
-                d = 0 if args[0] == 0 else None
-            elif kind == "concat":
-                d = args[0] if all(a == args[0] for a in args) else None
-            else:
-                d = None
-            deg[oid] = d
-        return deg
+    def _same_rows(self, acc: int, rows: tuple[int, ...], what: str) -> None:
+        if self._dims(acc)[:-1] != rows:
+            raise self._err(
+                f"{what} has rows {list(rows)}; accumulator {acc} {list(self._dims(acc))} "
+                "needs it broadcast, which the CPU printer does not do"
+            )
 
     def _dims(self, oid: int) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.ops[oid]["dims"])
+        return self.ops[oid].dims
 
-    def _kinput(self, op: Mapping[str, Any]) -> Mapping[str, Any]:
-        ins = self.k.get("inputs", [])
-        i = int(op["input"])
-        if not 0 <= i < len(ins):
-            raise self._err(f"input op reads kernel input {i}, but there are {len(ins)}")
-        kin: Mapping[str, Any] = ins[i]
-        return kin
+    def _kinput(self, op: TileOp) -> TileAccess:
+        return self.k.inputs[int(op.attr("input"))]
 
-    @staticmethod
-    def _uses_iter(offsets: Sequence[Sequence[Mapping[str, Any]]]) -> bool:
-        return any(t.get("var") == "iter" for d in offsets for t in d)
-
-    def _offset_expr(
-        self, offsets: Sequence[Sequence[Mapping[str, Any]]], buf_dims: Sequence[int]
-    ) -> str:
-        if len(offsets) != len(buf_dims):
-            raise self._err(f"offsets {offsets} do not match the buffer rank {len(buf_dims)}")
+    def _offset_expr(self, offsets: Sequence[Sequence[OffsetTerm]], buf_dims: Sequence[int]) -> str:
         strides = _row_major(buf_dims)
         terms = []
         for d, parts in enumerate(offsets):
             for t in parts:
-                var = t.get("var")
-                if var not in ("bx", "by", "bz", "iter"):
-                    raise self._err(f"unknown offset variable {var!r}")
-                coef = int(t["stride"]) * strides[d]
+                coef = t.stride * strides[d]
                 if coef:
-                    terms.append(f"(int64_t){var} * {coef}" if coef != 1 else f"(int64_t){var}")
+                    terms.append(f"(int64_t){t.var} * {coef}" if coef != 1 else f"(int64_t){t.var}")
         return " + ".join(terms) if terms else "0"
 
     # -- emission helpers ------------------------------------------------------------------
@@ -607,30 +391,21 @@ class _KernelPrinter:
         return _Tile(name, tuple(dims), _row_major(dims), True)
 
     # -- op emitters -----------------------------------------------------------------------
-    def _emit_input(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+    def _emit_input(self, w: _Writer, oid: int, op: TileOp) -> None:
         kin = self._kinput(op)
-        bid = int(kin["buffer"])
-        buf = self.buffers.get(bid)
-        if buf is None:
-            raise self._err(f"input reads unknown buffer {bid}")
-        bdims = [int(d) for d in buf["dims"]]
-        tile = tuple(int(d) for d in kin.get("tile", op["dims"]))
+        bid = kin.buffer
+        buf = self.buffers[bid]
+        bdims = buf.dims
+        tile = kin.tile
         dims = self._dims(oid)
-        if _prod(tile) != _prod(dims) or len(tile) != len(bdims):
-            raise self._err(f"input op {oid}: tile {tile} / dims {dims} / buffer {bdims} mismatch")
-        for d, (t, b) in enumerate(zip(tile, bdims, strict=True)):
-            if b % t:
-                raise self._err(
-                    f"input op {oid}: tile {tile} does not divide buffer {bdims} (dim {d})"
-                )
-        off = self._offset_expr(kin["offsets"], bdims)
+        off = self._offset_expr(kin.offsets, bdims)
         bstrides = _row_major(bdims)
         if self.phase[oid] == "loop":
-            self._emit_prefetch(w, bid, kin["offsets"], bdims, tile, _ITEMSIZE[buf["dtype"]])
-        if kin.get("shift_load") is not None:
+            self._emit_prefetch(w, bid, kin.offsets, bdims, tile, _ITEMSIZE[buf.dtype])
+        if kin.shift_load is not None:
             self._emit_shifted_input(w, oid, kin, buf, off)
             return
-        if buf["dtype"] == "float32" and tuple(tile) == dims:
+        if buf.dtype == "float32" and tuple(tile) == dims:
             name = f"v{oid}"
             w(f"const float *restrict {name} = B{bid} + {off};")
             w(f"(void){name};")
@@ -643,17 +418,14 @@ class _KernelPrinter:
         w(f"const int64_t {base} = {off};")
         with self._nest(w, tile) as idx:
             el = f"B{bid}[{base} + {src.off(idx)}]"
-            w(f"{priv.ptr}[{self._lin(idx, tile)}] = {_LOAD[buf['dtype']].format(el)};")
+            w(f"{priv.ptr}[{self._lin(idx, tile)}] = {_LOAD[buf.dtype].format(el)};")
 
-    def _m_tile(self, load: Mapping[str, Any]) -> tuple[int, str, _Tile]:
-        """(buffer id, base offset expression, tile view) of a ``shift_load``."""
-        mb = int(load["buffer"])
-        if mb not in self.buffers:
-            raise self._err(f"shift_load reads unknown buffer {mb}")
-        mdims = [int(d) for d in self.buffers[mb]["dims"]]
-        tile = tuple(int(d) for d in load["tile"])
-        base = self._offset_expr(load["offsets"], mdims)
-        return mb, base, _Tile(f"B{mb}", tile, _row_major(mdims), False)
+    def _m_tile(self, load: TileAccess) -> tuple[int, str, _Tile]:
+        """(buffer id, base offset expression, tile view) of a ``shift_load``'s tile."""
+        mb = load.buffer
+        mdims = self.buffers[mb].dims
+        base = self._offset_expr(load.offsets, mdims)
+        return mb, base, _Tile(f"B{mb}", load.tile, _row_major(mdims), False)
 
     def _emit_carry_update(self, w: _Writer) -> None:
         """Raise the running max ``yr_cM`` of every row to the maxima of all shifted tiles
@@ -666,7 +438,9 @@ class _KernelPrinter:
             r = self._lin(ridx, rows)
             w("float yr_mx = -INFINITY;")
             for o in self.carry_ops:
-                mb, base, mt = self._m_tile(self._kinput(self.ops[o])["shift_load"])
+                shift = self._kinput(self.ops[o]).shift_load
+                assert shift is not None  # carry_ops are the shifted inputs
+                mb, base, mt = self._m_tile(shift.access)
                 with w.block(f"for (int c = 0; c < {mt.dims[-1]}; ++c)"):
                     w(f"const float yr_v = B{mb}[{base} + {mt.off([*ridx, 'c'])}];")
                     w("yr_mx = yr_v > yr_mx ? yr_v : yr_mx;")
@@ -676,19 +450,20 @@ class _KernelPrinter:
             w(f"yr_cM[{r}] = yr_mn;")
 
     def _emit_shifted_input(
-        self, w: _Writer, oid: int, kin: Mapping[str, Any], buf: Mapping[str, Any], off: str
+        self, w: _Writer, oid: int, kin: TileAccess, buf: Buffer, off: str
     ) -> None:
         """A shifted tile, copied times exp(m - M) (M read as 0 where it is -inf): one exp
         per max (a row's, or a row's block of ``width`` columns), then a multiply each."""
         self._emit_carry_update(w)
-        load = kin["shift_load"]
-        width = int(load["width"])
+        load = kin.shift_load
+        assert load is not None  # only shifted inputs come here
+        width = load.width
         dims = self._dims(oid)
         priv = self._private(oid, dims)
         self.tiles[oid] = priv
-        bid = int(kin["buffer"])
-        src = _Tile(f"B{bid}", dims, _row_major([int(d) for d in buf["dims"]]), False)
-        mb, mbase, mt = self._m_tile(load)
+        bid = kin.buffer
+        src = _Tile(f"B{bid}", dims, _row_major(buf.dims), False)
+        mb, mbase, mt = self._m_tile(load.access)
         scale = self._private(oid, mt.dims, prefix="yr_sc")
         w(f"const int64_t yr_moff{oid} = {mbase};")
         with self._nest(w, mt.dims) as sidx:
@@ -700,14 +475,14 @@ class _KernelPrinter:
         w(f"const int64_t {base} = {off};")
         with self._nest(w, dims) as idx:
             col = idx[-1] if width == 1 or idx[-1] == "0" else f"{idx[-1]} / {width}"
-            el = _LOAD[buf["dtype"]].format(f"B{bid}[{base} + {src.off(idx)}]")
+            el = _LOAD[buf.dtype].format(f"B{bid}[{base} + {src.off(idx)}]")
             w(f"{priv.ptr}[{self._lin(idx, dims)}] = {el} * {scale.at([*idx[:-1], col])};")
 
     def _emit_prefetch(
         self,
         w: _Writer,
         bid: int,
-        offsets: Sequence[Sequence[Mapping[str, Any]]],
+        offsets: Sequence[Sequence[OffsetTerm]],
         bdims: Sequence[int],
         tile: Sequence[int],
         itemsize: int,
@@ -718,10 +493,7 @@ class _KernelPrinter:
             return
         strides = _row_major(bdims)
         step = sum(
-            int(t["stride"]) * strides[d]
-            for d, ts in enumerate(offsets)
-            for t in ts
-            if t.get("var") == "iter"
+            t.stride * strides[d] for d, ts in enumerate(offsets) for t in ts if t.var == "iter"
         )
         if step == 0 or self.loop_range < 2:
             return
@@ -751,13 +523,11 @@ class _KernelPrinter:
         ]
         return " + ".join(terms) if terms else "0"
 
-    def _emit_unary(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
-        x = self.tiles[int(op["args"][0])]
+    def _emit_unary(self, w: _Writer, oid: int, op: TileOp) -> None:
+        x = self.tiles[op.args[0]]
         dims = self._dims(oid)
-        if x.dims != dims:
-            raise self._err(f"unary op {oid}: operand dims {x.dims} != result dims {dims}")
-        name = str(op.get("unop", op.get("name", "")))
-        params = [float(p) for p in op.get("params", [])]
+        name = str(op.attr("unop"))
+        params = list(op.attr("params"))
         if oid in self.softmax_of_exp:
             self._emit_safe_exp(w, oid, x)
             return
@@ -790,16 +560,12 @@ class _KernelPrinter:
             with w.block(f"for (int j = 0; j < {cols}; ++j)"):
                 w(f"{out.ptr}[{orow} + j] = yr_exp({x.ptr}[{xrow} + j] - yr_mn);")
 
-    def _emit_binary(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
-        a = self.tiles[int(op["args"][0])]
-        b = self.tiles[int(op["args"][1])]
+    def _emit_binary(self, w: _Writer, oid: int, op: TileOp) -> None:
+        a = self.tiles[op.args[0]]
+        b = self.tiles[op.args[1]]
         dims = self._dims(oid)
-        if len(a.dims) != len(dims) or len(b.dims) != len(dims):
-            raise self._err(f"binary op {oid}: operands {a.dims}, {b.dims} vs result {dims}")
-        name = str(op.get("binop", op.get("name", "")))
-        template = _BINARY.get(name)
-        if template is None:
-            raise self._err(f"unknown binary op {name!r}")
+        name = str(op.attr("binop"))
+        template = _BINARY[name]
         out = self._private(oid, dims)
         self.tiles[oid] = out
         if name == "div" and _prod(b.dims) * 4 <= _prod(dims):
@@ -813,15 +579,11 @@ class _KernelPrinter:
         with self._nest(w, dims) as idx:
             w(f"{out.at(idx)} = {template.format(a=a.at(idx), b=b.at(idx))};")
 
-    def _emit_matmul(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
-        a = self.tiles[int(op["args"][0])]
-        b = self.tiles[int(op["args"][1])]
+    def _emit_matmul(self, w: _Writer, oid: int, op: TileOp) -> None:
+        a = self.tiles[op.args[0]]
+        b = self.tiles[op.args[1]]
         dims = self._dims(oid)
-        if len(a.dims) < 2 or len(a.dims) != len(b.dims) or a.dims[:-2] != b.dims[:-2]:
-            raise self._err(f"matmul op {oid}: operands {a.dims} · {b.dims}")
         m, kk, n = a.dims[-2], a.dims[-1], b.dims[-1]
-        if b.dims[-2] != kk or dims != (*a.dims[:-2], m, n):
-            raise self._err(f"matmul op {oid}: {a.dims} · {b.dims} -> {dims}")
         acc_id = self.fused_into.get(oid)
         if acc_id is not None:
             out = self.tiles[acc_id]
@@ -950,20 +712,16 @@ class _KernelPrinter:
                     w("#pragma omp simd")
                     w(f"for (int j = 0; j < {width}; ++j) yr_cr[j] += yr_a * yr_br[j];")
 
-    def _emit_reduction(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
-        x = self.tiles[int(op["args"][0])]
-        dim = int(op["dim"]) % len(x.dims)
+    def _emit_reduction(self, w: _Writer, oid: int, op: TileOp) -> None:
+        x = self.tiles[op.args[0]]
+        dim = int(op.attr("dim"))
         dims = self._dims(oid)
         out = self._private(oid, dims)
         self.tiles[oid] = out
-        if op["op"] == "reduction":
-            if dims != tuple(1 if d == dim else s for d, s in enumerate(x.dims)):
-                raise self._err(f"reduction op {oid}: {x.dims} over dim {dim} -> {dims}")
+        if op.op == "reduction":
             dimx, groups = 1, x.dims[dim]
         else:
-            dimx = int(op.get("dimx", dims[dim]))
-            if x.dims[dim] % dimx or dims[dim] != dimx:
-                raise self._err(f"reduction_to_dimx op {oid}: {x.dims} dim {dim} -> {dims}")
+            dimx = int(op.attr("dimx"))
             groups = x.dims[dim] // dimx
         self._reduce_into(w, out, x, dim, dimx, groups, "=")
 
@@ -1015,12 +773,10 @@ class _KernelPrinter:
             terms.append(i if s == 1 else f"{i} * {s}")
         return f"{t.ptr}[{' + '.join(terms) if terms else '0'}]"
 
-    def _emit_rms_norm(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
-        x = self.tiles[int(op["args"][0])]
+    def _emit_rms_norm(self, w: _Writer, oid: int, op: TileOp) -> None:
+        x = self.tiles[op.args[0]]
         dims = self._dims(oid)
-        if dims != x.dims:
-            raise self._err(f"rms_norm op {oid}: {x.dims} -> {dims}")
-        eps = _flt(float(op.get("eps", 0.0)))
+        eps = _flt(float(op.attr("eps")))
         out = self._private(oid, dims)
         self.tiles[oid] = out
         cols = dims[-1]
@@ -1039,10 +795,10 @@ class _KernelPrinter:
                 f"{out.ptr}[{orow} + j] = {x.ptr}[{xrow} + j] * yr_r;"
             )
 
-    def _emit_concat(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
-        parts = [self.tiles[int(a)] for a in op["args"]]
+    def _emit_concat(self, w: _Writer, oid: int, op: TileOp) -> None:
+        parts = [self.tiles[a] for a in op.args]
         dims = self._dims(oid)
-        dim = int(op["dim"]) % len(dims)
+        dim = int(op.attr("dim"))
         out = self._private(oid, dims)
         self.tiles[oid] = out
         start = 0
@@ -1057,14 +813,11 @@ class _KernelPrinter:
             raise self._err(f"concat op {oid}: parts do not add up to {dims}")
 
     # -- accumulators ----------------------------------------------------------------------
-    def _acc_kind(self, op: Mapping[str, Any]) -> str:
-        kind = op.get("acc", "iter")
-        kind = "iter" if kind is None else str(kind)
-        if kind not in ("iter", "sum", "rms", "sum_todimx"):
-            raise self._err(f"unknown accumulator {kind!r}")
-        return kind
+    @staticmethod
+    def _acc_kind(op: TileOp) -> str:
+        return str(op.attr("acc"))
 
-    def _declare_accum(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+    def _declare_accum(self, w: _Writer, oid: int, op: TileOp) -> None:
         dims = self._dims(oid)
         t = self._private(oid, dims, prefix="acc")
         self.tiles[oid] = t
@@ -1073,10 +826,8 @@ class _KernelPrinter:
     def _emit_rescale(self, w: _Writer, acc_id: int) -> None:
         factors = []
         for e, d in self.rescales.get(acc_id, []):
-            if self.phase[e] == "pre":
-                continue  # the shift is constant: nothing to rescale
             factors.extend([f"yr_s{e}[r]"] * d if d > 0 else [f"(1.0f / yr_s{e}[r])"] * -d)
-        if acc_id in self.carry_accums and self.phase[self.carry_ops[0]] != "pre":
+        if acc_id in self.carry_accums:
             factors.append("yr_cA[r]")
         if not factors:
             return
@@ -1088,57 +839,45 @@ class _KernelPrinter:
             w("#pragma omp simd")
             w(f"for (int j = 0; j < {cols}; ++j) {t.ptr}[r * {cols} + j] *= yr_f;")
 
-    def _emit_accum(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+    def _emit_accum(self, w: _Writer, oid: int, op: TileOp) -> None:
         if oid in self.fused_accums:
             return  # the producing matmul adds into it directly
         acc = self.tiles[oid]
-        x = self.tiles[int(op["args"][0])]
+        x = self.tiles[op.args[0]]
         kind = self._acc_kind(op)
         self._emit_rescale(w, oid)
         if kind == "iter":
-            if x.dims != acc.dims:
-                raise self._err(f"accum {oid}: {x.dims} -> {acc.dims}")
             with self._nest(w, acc.dims) as idx:
                 w(f"{acc.at(idx)} += {x.at(idx)};")
             return
         last = len(x.dims) - 1
         if kind in ("sum", "rms"):
-            if acc.dims != (*x.dims[:-1], 1):
-                raise self._err(f"accum {oid} ({kind}): {x.dims} -> {acc.dims}")
             self._reduce_into(w, acc, x, last, 1, x.dims[-1], "+=", square=kind == "rms")
             return
-        dimx = int(op.get("dimx", acc.dims[-1]))
-        if acc.dims != (*x.dims[:-1], dimx) or x.dims[-1] % dimx:
-            raise self._err(f"accum {oid} (sum_todimx, dimx={dimx}): {x.dims} -> {acc.dims}")
+        dimx = int(op.attr("dimx"))
         self._reduce_into(w, acc, x, last, dimx, x.dims[-1] // dimx, "+=")
 
-    def _finish_accum(self, w: _Writer, oid: int, op: Mapping[str, Any]) -> None:
+    def _finish_accum(self, w: _Writer, oid: int, op: TileOp) -> None:
         if self._acc_kind(op) != "rms":
             return
         acc = self.tiles[oid]
-        arg_dims = self._dims(int(op["args"][0]))
-        extent = int(op.get("extent", arg_dims[-1] * self.loop_range))
-        eps = _flt(float(op.get("eps", 0.0)))
+        extent = int(op.attr("extent"))
+        eps = _flt(float(op.attr("eps")))
         w("#pragma omp simd")
         with w.block(f"for (int j = 0; j < {_prod(acc.dims)}; ++j)"):
             w(f"{acc.ptr}[j] = sqrtf({acc.ptr}[j] / {_flt(extent)} + {eps});")
 
     # -- outputs ---------------------------------------------------------------------------
-    def _emit_output(self, w: _Writer, index: int, out: Mapping[str, Any]) -> None:
-        bid = int(out["buffer"])
-        buf = self.buffers.get(bid)
-        if buf is None:
-            raise self._err(f"output {index} writes unknown buffer {bid}")
-        bdims = [int(d) for d in buf["dims"]]
-        src = self.tiles[int(out["src"])]
-        tile = tuple(int(d) for d in out.get("tile", src.dims))
-        if _prod(tile) != _prod(src.dims) or len(tile) != len(bdims):
-            raise self._err(f"output {index}: tile {tile} vs source {src.dims} / buffer {bdims}")
-        if self._uses_iter(out["offsets"]):
-            raise self._err(f"output {index}: output offsets cannot use the loop index")
-        off = self._offset_expr(out["offsets"], bdims)
+    def _emit_output(self, w: _Writer, index: int, out: TileAccess) -> None:
+        bid = out.buffer
+        buf = self.buffers[bid]
+        bdims = buf.dims
+        assert out.src is not None  # outputs name the op they store
+        src = self.tiles[out.src]
+        tile = out.tile
+        off = self._offset_expr(out.offsets, bdims)
         bstrides = _row_major(bdims)
-        conv = _STORE[buf["dtype"]]
+        conv = _STORE[buf.dtype]
         srct = _Tile(src.ptr, tile, _row_major(tile), True) if src.dims != tile else src
         base = f"yr_o{index}"
         w(f"const int64_t {base} = {off};")
@@ -1147,26 +886,22 @@ class _KernelPrinter:
             dst = dst.replace(f"B{bid}[", f"B{bid}[{base} + ", 1)
             w(f"{dst} = {conv.format(srct.at(idx))};")
 
-    def _emit_shift_store(self, w: _Writer, exp: int, store: Mapping[str, Any]) -> None:
+    def _emit_shift_store(self, w: _Writer, exp: int, store: TileAccess) -> None:
         """The running max of ``exp``'s group, one per row of its argument."""
-        mb = int(store["buffer"])
-        if mb not in self.buffers:
-            raise self._err(f"shift_store writes unknown buffer {mb}")
-        mdims = [int(d) for d in self.buffers[mb]["dims"]]
-        tile = tuple(int(d) for d in store["tile"])
-        rows = self._dims(int(self.ops[exp]["args"][0]))[:-1]
-        if tile != (*rows, 1):
-            raise self._err(f"shift_store tile {list(tile)} is not exp {exp}'s rows {rows}")
+        mb = store.buffer
+        mdims = self.buffers[mb].dims
+        tile = store.tile
+        rows = self._dims(self.ops[exp].args[0])[:-1]
         dst = _Tile(f"B{mb}", tile, _row_major(mdims), False)
         with w.block(""):
-            w(f"const int64_t yr_ms = {self._offset_expr(store['offsets'], mdims)};")
+            w(f"const int64_t yr_ms = {self._offset_expr(store.offsets, mdims)};")
             with self._nest(w, tile) as idx:
                 w(f"B{mb}[yr_ms + {dst.off(idx)}] = yr_m{exp}[{self._lin(idx[:-1], rows)}];")
 
     # -- the function ----------------------------------------------------------------------
     def _emit_op(self, w: _Writer, oid: int) -> None:
         op = self.ops[oid]
-        kind = op["op"]
+        kind = op.op
         if kind == "input":
             self._emit_input(w, oid, op)  # views must stay visible: no scope of their own
             return
@@ -1178,7 +913,7 @@ class _KernelPrinter:
         w.ind -= 1
         w("}")
 
-    def _emit_op_body(self, w: _Writer, oid: int, op: Mapping[str, Any], kind: str) -> None:
+    def _emit_op_body(self, w: _Writer, oid: int, op: TileOp, kind: str) -> None:
         if kind == "unary":
             self._emit_unary(w, oid, op)
         elif kind == "binary":
@@ -1201,13 +936,13 @@ class _KernelPrinter:
         pre = [o for o in order if self.phase[o] == "pre"]
         loop = [o for o in order if self.phase[o] in ("loop", "accum")]
         epi = [o for o in order if self.phase[o] == "epilogue"]
-        accums = [o for o in order if self.ops[o]["op"] == "accum"]
+        accums = [o for o in order if self.ops[o].op == "accum"]
 
         body = _Writer(0)
         for o in accums:
             self._declare_accum(body, o, self.ops[o])
         for e in self.softmax_of_exp:
-            x_dims = self._dims(int(self.ops[e]["args"][0]))
+            x_dims = self._dims(self.ops[e].args[0])
             rows = _prod(x_dims[:-1])
             body(f"float yr_m{e}[{rows}];")
             body(f"float yr_s{e}[{rows}];")
@@ -1230,38 +965,27 @@ class _KernelPrinter:
             self._finish_accum(body, o, self.ops[o])
         for o in epi:
             self._emit_op(body, o)
-        for i, out in enumerate(self.k.get("outputs", [])):
+        for i, out in enumerate(self.k.outputs):
             self._emit_output(body, i, out)
         for e, grp in self.softmax_of_exp.items():
-            if grp.get("shift_store") is not None:
-                self._emit_shift_store(body, e, grp["shift_store"])
+            if grp.shift_store is not None:
+                self._emit_shift_store(body, e, grp.shift_store)
         return self._function(body)
 
     def _function(self, body: _Writer) -> str:
-        stores = {
-            int(g["shift_store"]["buffer"])
-            for g in self.softmax_of_exp.values()
-            if g.get("shift_store") is not None
-        }
-        loads = {
-            int(i["shift_load"]["buffer"])
-            for i in self.k.get("inputs", [])
-            if i.get("shift_load") is not None
-        }
+        stores = {g.shift_store.buffer for g in self.k.safe_softmax if g.shift_store is not None}
+        loads = {i.shift_load.access.buffer for i in self.k.inputs if i.shift_load is not None}
         used_bufs = sorted(
-            {int(i["buffer"]) for i in self.k.get("inputs", [])}
-            | {int(o["buffer"]) for o in self.k.get("outputs", [])}
-            | stores
-            | loads
+            {i.buffer for i in self.k.inputs} | {o.buffer for o in self.k.outputs} | stores | loads
         )
-        out_bufs = {int(o["buffer"]) for o in self.k.get("outputs", [])} | stores
+        out_bufs = {o.buffer for o in self.k.outputs} | stores
         nblocks = _prod(self.grid)
         heap = sum(n for _, n in self.private_decls) * 4 > _STACK_LIMIT
         w = _Writer()
         w(f"/* kernel {self._name()!r}: grid {list(self.grid)}, forloop_range {self.loop_range} */")
         with w.block(f"int {self.symbol}(void **buffers)"):
             for bid in used_bufs:
-                ctype = _DTYPE_C[self.buffers[bid]["dtype"]]
+                ctype = _DTYPE_C[self.buffers[bid].dtype]
                 const = "" if bid in out_bufs else "const "
                 w(f"{const}{ctype} *restrict B{bid} = ({const}{ctype} *)buffers[{bid}];")
             w("int yr_status = 0;")
@@ -1342,17 +1066,17 @@ def _pow2_tile(extent: int, cap: int, floor: int = 1) -> int:
 
 
 def library_matmul_kernel(
-    kernel: Mapping[str, Any], buffers: Mapping[int, Mapping[str, Any]]
-) -> dict[str, Any] | None:
-    """A library matmul as a generated kernel of the plan format (grid over N tiles, M tiles
-    and batch, for-loop over K tiles, one iteration accumulator), printed by the generated
-    kernels' printer; ``None`` where the shapes do not fit that form (numpy runs it)."""
-    try:
-        a, b = (int(x) for x in kernel["inputs"])
-        (c,) = (int(x) for x in kernel["outputs"])
-        ad, bd, cd = (tuple(int(d) for d in buffers[x]["dims"]) for x in (a, b, c))
-    except (KeyError, TypeError, ValueError):
+    kernel: LibraryKernel, buffers: Mapping[int, Buffer]
+) -> GeneratedKernel | None:
+    """A library matmul as a generated kernel (grid over N tiles, M tiles and batch, for-loop
+    over K tiles, the product added straight into one iteration accumulator), printed by the
+    generated kernels' printer; ``None`` where the shapes do not fit that form (numpy runs
+    it)."""
+    if len(kernel.inputs) != 2 or len(kernel.outputs) != 1:
         return None
+    a, b = kernel.inputs
+    (c,) = kernel.outputs
+    ad, bd, cd = (buffers[x].dims for x in (a, b, c))
     r = len(ad)
     if r < 2 or r > 4 or len(bd) != r or ad[:-2] != bd[:-2] or ad[-1] != bd[-2]:
         return None
@@ -1378,11 +1102,12 @@ def library_matmul_kernel(
         if parts > 1:
             var_of[d] = (_BLOCK_VARS[ax], tile)
 
-    def batch_offsets() -> list[list[dict[str, Any]]]:
+    def batch_offsets() -> list[list[OffsetTerm]]:
         """Offsets of the batch dims (one block per batch index), none yet for the last two."""
-        return [
-            [{"var": var_of[d][0], "stride": 1}] if d in var_of else [] for d in range(r - 2)
-        ] + [[], []]
+        return [[OffsetTerm(var_of[d][0], 1)] if d in var_of else [] for d in range(r - 2)] + [
+            [],
+            [],
+        ]
 
     ct = (*(1 for _ in batch), mt, nt)
     at = (*(1 for _ in batch), mt, kt)
@@ -1392,36 +1117,35 @@ def library_matmul_kernel(
         if d in var_of:  # M tiles of A and C, N tiles of B and C
             v, t = var_of[d]
             for o in offs:
-                o[d].append({"var": v, "stride": t})
+                o[d].append(OffsetTerm(v, t))
     f = k // kt
     if f > 1:
-        a_off[r - 1].append({"var": "iter", "stride": kt})
-        b_off[r - 2].append({"var": "iter", "stride": kt})
-    return {
-        "kind": "generated",
-        "name": "matmul",
-        "grid": grid,
-        "forloop_range": f,
-        "inputs": [
-            {"buffer": a, "dims": list(ad), "tile": list(at), "offsets": a_off},
-            {"buffer": b, "dims": list(bd), "tile": list(bt), "offsets": b_off},
-        ],
-        "ops": [
-            {"id": 0, "op": "input", "input": 0, "dims": list(at), "phase": "loop"},
-            {"id": 1, "op": "input", "input": 1, "dims": list(bt), "phase": "loop"},
-            {"id": 2, "op": "matmul", "args": [0, 1], "dims": list(ct), "phase": "loop"},
-            {
-                "id": 3,
-                "op": "accum",
-                "acc": "iter",
-                "args": [2],
-                "dims": list(ct),
-                "phase": "accum",
-            },
-        ],
-        "outputs": [{"buffer": c, "src": 3, "tile": list(ct), "offsets": c_off}],
-        "safe_softmax": [],
-    }
+        a_off[r - 1].append(OffsetTerm("iter", kt))
+        b_off[r - 2].append(OffsetTerm("iter", kt))
+    # as the core's lowering would: a loop of one step loads once (phase pre), a looping
+    # product adds straight into its accumulator
+    phase = "loop" if f > 1 else "pre"
+
+    def frozen(offs: list[list[OffsetTerm]]) -> tuple[tuple[OffsetTerm, ...], ...]:
+        return tuple(tuple(x) for x in offs)
+
+    return GeneratedKernel(
+        name="matmul",
+        grid=(grid[0], grid[1], grid[2]),
+        block_threads=1,
+        warps=1,
+        forloop_range=f,
+        inputs=(TileAccess(a, at, frozen(a_off)), TileAccess(b, bt, frozen(b_off))),
+        ops=(
+            TileOp(0, "input", (), at, phase, {"input": 0}),
+            TileOp(1, "input", (), bt, phase, {"input": 1}),
+            TileOp(2, "matmul", (0, 1), ct, phase, {}, 3 if f > 1 else None),
+            TileOp(3, "accum", (2,), ct, "accum", {"acc": "iter"}),
+        ),
+        outputs=(TileAccess(c, ct, frozen(c_off), 3),),
+        safe_softmax=(),
+        smem_bytes=0,
+    )
 
 
 def _pad_dims(dims: Sequence[int], rank: int) -> tuple[int, ...]:
@@ -1431,31 +1155,24 @@ def _pad_dims(dims: Sequence[int], rank: int) -> tuple[int, ...]:
 class _LibraryPrinter:
     """One library kernel of the plan as ``int <symbol>(void **buffers)``."""
 
-    def __init__(
-        self, kernel: Mapping[str, Any], buffers: Mapping[int, Mapping[str, Any]], symbol: str
-    ) -> None:
+    def __init__(self, kernel: LibraryKernel, buffers: Mapping[int, Buffer], symbol: str) -> None:
         self.k = kernel
         self.buffers = buffers
         self.symbol = symbol
-        self.op = str(kernel.get("op"))
-        self.params = kernel.get("params", {}) or {}
-        self.ins = [int(i) for i in kernel.get("inputs", [])]
-        self.outs = [int(o) for o in kernel.get("outputs", [])]
-        for b in (*self.ins, *self.outs):
-            if b not in buffers:
-                raise CodegenError(f"library kernel {self.op!r} uses unknown buffer {b}")
-        if len(self.outs) != 1:
-            raise CodegenError(f"library kernel {self.op!r} must have one output")
+        self.op = kernel.op
+        self.params = kernel.params
+        self.ins = list(kernel.inputs)
+        self.outs = list(kernel.outputs)
 
     def _dims(self, b: int) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.buffers[b]["dims"])
+        return self.buffers[b].dims
 
     def _load(self, b: int, idx: str) -> str:
-        return _LOAD[self.buffers[b]["dtype"]].format(f"B{b}[{idx}]")
+        return _LOAD[self.buffers[b].dtype].format(f"B{b}[{idx}]")
 
     def _store(self, idx: str, val: str) -> str:
         o = self.outs[0]
-        return f"B{o}[{idx}] = {_STORE[self.buffers[o]['dtype']].format(val)};"
+        return f"B{o}[{idx}] = {_STORE[self.buffers[o].dtype].format(val)};"
 
     def _par(self, elems: int, extra: str = "") -> str:
         clause = f" if({elems} >= {_PAR_MIN_ELEMS})" if elems < 1 << 62 else ""
@@ -1466,7 +1183,7 @@ class _LibraryPrinter:
         w(f"/* library kernel: {self.op} {json.dumps(self.params, sort_keys=True)} */")
         with w.block(f"int {self.symbol}(void **buffers)"):
             for b in sorted(set(self.ins) | set(self.outs)):
-                ctype = _DTYPE_C[self.buffers[b]["dtype"]]
+                ctype = _DTYPE_C[self.buffers[b].dtype]
                 const = "" if b in self.outs else "const "
                 w(f"{const}{ctype} *restrict B{b} = ({const}{ctype} *)buffers[{b}];")
             getattr(self, f"_{self.op}")(w)
@@ -1803,18 +1520,22 @@ int yr_omp_max_threads(void) { return omp_get_max_threads(); }
 
 
 def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
-    """Print ``plan`` (dict, JSON string or an object with ``to_json()``) as C source."""
-    p = normalize_plan(plan)
-    buffers = _buffers_by_id(p)
+    """Print ``plan`` (anything :func:`yirage.plan.parse_plan` reads: a dict, JSON text, an
+    object with ``to_json()``) as C source."""
+    p = parse_plan(plan)
+    for b in p.buffers:
+        if b.dtype not in _DTYPE_C:
+            raise CodegenError(
+                f"plan buffer {b.id} has dtype {b.dtype!r}; the CPU backend supports "
+                f"{', '.join(_DTYPE_C)}"
+            )
+    buffers = {b.id: b for b in p.buffers}
     functions: list[str] = []
     steps: list[Step] = []
     used: set[str] = set()
-    for index, kernel in enumerate(p["kernels"]):
-        if not isinstance(kernel, Mapping):
-            raise CodegenError(f"plan kernel {index} is not an object")
-        kind = kernel.get("kind")
-        if kind == "library":
-            op = kernel.get("op")
+    for index, kernel in enumerate(p.kernels):
+        if isinstance(kernel, LibraryKernel):
+            op = kernel.op
             gk = library_matmul_kernel(kernel, buffers) if op == "matmul" else None
             if op not in PRINTED_LIBRARY_OPS or (op == "matmul" and gk is None):
                 steps.append(Step("library", index))
@@ -1828,9 +1549,7 @@ def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
                 functions.append(_LibraryPrinter(kernel, buffers, symbol).print())
             steps.append(Step("generated", index, symbol))
             continue
-        if kind != "generated":
-            raise CodegenError(f"plan kernel {index} has unknown kind {kind!r}")
-        base = "yr_" + _ident(kernel.get("name", f"k{index}"))
+        base = "yr_" + _ident(kernel.name)
         symbol = base
         n = 1
         while symbol in used:
@@ -1839,11 +1558,12 @@ def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
         used.add(symbol)
         functions.append(_KernelPrinter(kernel, buffers, symbol, simd_width_bits).print())
         steps.append(Step("generated", index, symbol))
+    plan_dict: dict[str, Any] = json.loads(p.text)
     prelude = _PRELUDE % {
         "codegen": CODEGEN_VERSION,
-        "graph_hash": str(p.get("graph_hash", "?"))[:64].replace("*/", ""),
+        "graph_hash": str(plan_dict.get("graph_hash", "?"))[:64].replace("*/", ""),
         "simd": simd_width_bits,
         "vlb": max(4, simd_width_bits // 8),
     }
     code = prelude + "\n" + "\n\n".join(functions) + "\n"
-    return CpuSource(code=code, plan=p, steps=tuple(steps), simd_width_bits=simd_width_bits)
+    return CpuSource(code=code, plan=plan_dict, steps=tuple(steps), simd_width_bits=simd_width_bits)

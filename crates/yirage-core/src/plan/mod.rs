@@ -1,9 +1,12 @@
-//! Lowering of a µGraph to a KernelPlan (format `yirage.kernel_plan`, version 2).
+//! Lowering of a µGraph to a KernelPlan (format `yirage.kernel_plan`, version 3).
 //!
 //! The plan is the contract with every code generator; `docs/kernel-plan.md` is its
 //! specification and this module its only producer. It makes the schedule explicit
 //! (buffers, kernels in order, tile offsets as `Σ var·stride`, op phases, safe-softmax
-//! groups, shared-memory size) so printers need no analysis of their own. Lowering also
+//! groups, shared-memory size) and carries the analyses printers would otherwise repeat
+//! (module `analysis`: loop-invariant ops as phase `pre`, matmuls accumulated straight into
+//! their accumulator, safe-softmax rescale degrees, the loop split), so printers need no
+//! analysis of their own. Lowering also
 //! validates the plan against a [`DeviceSpec`] (shared memory, threads per block), which is
 //! how the search rejects candidates a device cannot run.
 //!
@@ -21,6 +24,8 @@ use crate::shape::numel;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod analysis;
+pub use analysis::{loop_split, MAX_LOOP_SPLIT};
 mod exp_shift;
 pub use exp_shift::{exp_shifts, unsafe_exp_into_kernel};
 mod shift_carry;
@@ -28,8 +33,8 @@ pub use shift_carry::{ShiftCarry, ShiftLoad, ShiftStore};
 
 /// Format name of a plan document.
 pub const FORMAT: &str = "yirage.kernel_plan";
-/// Format version.
-pub const VERSION: u32 = 2;
+/// Format version (3: the analysed fields `accumulate_into`, `rescale` and `loop_split`).
+pub const VERSION: u32 = 3;
 /// Bytes per element of intermediate buffers (fp32 regardless of the graph dtype).
 pub const INTERMEDIATE_BYTES: usize = 4;
 
@@ -98,6 +103,9 @@ pub struct GeneratedKernel {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shift_carry: Option<ShiftCarry>,
     pub smem_bytes: u64,
+    /// Ways a GPU printer splits the for-loop across extra blocks (1: not split), see
+    /// [`loop_split`].
+    pub loop_split: u32,
 }
 
 /// `var·stride` term of a tile offset.
@@ -155,8 +163,13 @@ pub struct TileOp {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extent: Option<usize>,
     pub dims: Vec<usize>,
-    /// `pre`, `loop`, `accum` or `epilogue`.
+    /// `pre`, `loop`, `accum` or `epilogue`; ops whose value is the same in every iteration
+    /// are `pre` (hoisted before the loop).
     pub phase: String,
+    /// A loop matmul whose only reader is this `iter` accumulator (same dims): printers add
+    /// its product straight into the accumulator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulate_into: Option<usize>,
 }
 
 /// A safe-softmax group (see docs/kernel-plan.md).
@@ -168,6 +181,16 @@ pub struct SafeSoftmax {
     pub scale_outputs: Vec<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shift_store: Option<ShiftStore>,
+    /// Accumulators multiplied by `exp(m_old − m_new)^degree` before each update: those of
+    /// `accums` with a non-zero shift degree; empty when the exp is hoisted (`m` is fixed).
+    pub rescale: Vec<Rescale>,
+}
+
+/// One accumulator of a safe-softmax group and the power of the rescale factor it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rescale {
+    pub accum: usize,
+    pub degree: i32,
 }
 
 impl KernelPlan {
@@ -741,6 +764,7 @@ pub fn safe_softmax_groups(bg: &BlockGraph) -> Result<Vec<SafeSoftmax>> {
             continue;
         }
         let deg = shift_degrees(bg, e);
+        let rescale = rescales(&deg, &accums, e)?;
         let mut scale_outputs = vec![];
         for (k, o) in bg.outputs().iter().enumerate() {
             match deg[o.tile] {
@@ -759,9 +783,30 @@ pub fn safe_softmax_groups(bg: &BlockGraph) -> Result<Vec<SafeSoftmax>> {
             accums,
             scale_outputs,
             shift_store: None,
+            rescale,
         });
     }
     Ok(groups)
+}
+
+/// The rescale degree of each accumulator of exp `e`'s group (degree 0 needs none); an
+/// error where an accumulator is not a monomial in `exp(−m)`, which no running-max rewrite
+/// can rescale.
+fn rescales(deg: &[Option<i32>], accums: &[usize], e: usize) -> Result<Vec<Rescale>> {
+    let mut out = vec![];
+    for &a in accums {
+        match deg[a] {
+            Some(0) => {}
+            Some(degree) => out.push(Rescale { accum: a, degree }),
+            None => {
+                return Err(CoreError::Mapping(format!(
+                    "kernel plan: accumulator t{a} is not a power of exp tile t{e}'s shift; the \
+                     safe-softmax rewrite cannot rescale it"
+                )))
+            }
+        }
+    }
+    Ok(out)
 }
 
 const AXES: [&str; 3] = ["bx", "by", "bz"];
@@ -797,6 +842,7 @@ fn generated_kernel(
             eps: None,
             extent: None,
             dims: t.dims.clone(),
+            accumulate_into: None,
             phase: match t.phase {
                 Phase::AfterLoop => "epilogue".into(),
                 Phase::LoopBody => {
@@ -934,7 +980,7 @@ fn generated_kernel(
             spec.max_threads_per_block
         )));
     }
-    Ok(GeneratedKernel {
+    let mut k = GeneratedKernel {
         name,
         grid,
         block_threads: threads,
@@ -946,7 +992,10 @@ fn generated_kernel(
         safe_softmax: safe_softmax_groups(bg)?,
         shift_carry: None,
         smem_bytes: smem,
-    })
+        loop_split: 1,
+    };
+    analysis::analyse(&mut k, spec);
+    Ok(k)
 }
 
 /// Lower a search candidate: as [`lower`], but a candidate in which an exp that cannot be

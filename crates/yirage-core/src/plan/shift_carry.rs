@@ -474,7 +474,7 @@ mod tests {
     #[test]
     fn split_kv_partials_are_stored_shifted_with_their_maxima() {
         let plan = lower(&combine(true, false, false), &DeviceSpec::h100()).unwrap();
-        assert_eq!(plan.version, 2);
+        assert_eq!(plan.version, super::super::VERSION);
         let m = plan.buffers.last().unwrap();
         assert_eq!(
             (m.role.as_str(), m.dtype.as_str()),
@@ -490,6 +490,14 @@ mod tests {
         let split = vec![terms(&[("bx", 1)]), vec![], terms(&[("bz", 1)])];
         assert_eq!(store.offsets, split);
         assert!(k0.shift_carry.is_none());
+        // both sums carry exp(−m) once; P·V adds straight into the numerator
+        let rescaled: Vec<(usize, i32)> = k0.safe_softmax[0]
+            .rescale
+            .iter()
+            .map(|r| (r.accum, r.degree))
+            .collect();
+        assert_eq!(rescaled, vec![(6, 1), (7, 1)]);
+        assert_eq!(k0.ops[5].accumulate_into, Some(6));
         // the combine reads split s's maxima beside its partials and rescales both sums
         let k1 = generated(&plan, 1);
         let walk = vec![terms(&[("bx", 1)]), vec![], terms(&[("iter", 1)])];

@@ -3,6 +3,13 @@
 Backends' printers read plans only through these records, so every check a printer relies on
 (references resolve, tiles divide and stay inside their tensor, ops are ordered, phases are
 legal) is made once, here, with messages that name the kernel and the op.
+
+Version 3 plans also carry the analyses printers used to repeat, decided once by the core's
+lowering: loop-invariant ops have phase ``pre`` (:attr:`TileOp.hoisted`), a matmul that adds
+straight into its accumulator names it (:attr:`TileOp.accumulate_into`), every safe-softmax
+group lists the accumulators to rescale with their degree (:attr:`SafeSoftmax.rescale`), and
+every generated kernel its loop split (:attr:`GeneratedKernel.loop_split`). This reader checks
+that they are consistent; it derives none of them.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ __all__ = [
     "OffsetTerm",
     "Plan",
     "PlanError",
+    "Rescale",
     "SafeSoftmax",
     "ShiftCarry",
     "ShiftLoad",
@@ -36,7 +44,7 @@ __all__ = [
 ]
 
 FORMAT = "yirage.kernel_plan"
-VERSION = 2
+VERSION = 3
 DTYPES = ("float16", "bfloat16", "float32")
 UNARY_OPS = (
     "exp",
@@ -151,9 +159,27 @@ class TileOp:
     dims: tuple[int, ...]
     phase: str
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    #: matmuls: the ``iter`` accumulator (its only reader, same dims) that the product is
+    #: added into directly; None: the product is a tile of its own
+    accumulate_into: int | None = None
 
     def attr(self, name: str) -> Any:
         return self.attrs[name]
+
+    @property
+    def hoisted(self) -> bool:
+        """Computed once before the loop (phase ``pre``: its value is the same in every
+        iteration, a load that does not walk the loop or an op of such values)."""
+        return self.phase == "pre"
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """An accumulator of a safe-softmax group: multiplied by ``exp(m_old - m_new)**degree``
+    before each update (it holds ``exp(-m)**degree`` times its exact value)."""
+
+    accum: int
+    degree: int
 
 
 @dataclass(frozen=True)
@@ -163,6 +189,8 @@ class SafeSoftmax:
     #: outputs stored shifted by exp(-m) (m stored at ``shift_store``)
     scale_outputs: tuple[int, ...]
     shift_store: TileAccess | None = None
+    #: the accumulators to rescale and their degree (empty when the exp is hoisted)
+    rescale: tuple[Rescale, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -196,6 +224,8 @@ class GeneratedKernel:
     safe_softmax: tuple[SafeSoftmax, ...]
     smem_bytes: int
     shift_carry: ShiftCarry | None = None
+    #: ways a GPU printer splits the for-loop across extra blocks (1: not split)
+    loop_split: int = 1
     kind: str = "generated"
 
     @property
@@ -214,15 +244,12 @@ class GeneratedKernel:
 
     def invariant_ops(self) -> set[int]:
         """Ops whose value is the same in every iteration (printers hoist them before the
-        loop): loads that do not walk the loop and pre/loop ops of invariant operands."""
-        inv: set[int] = set()
-        for o in self.ops:
-            if o.op == "input":
-                if not self.inputs[o.attr("input")].uses_iter():
-                    inv.add(o.id)
-            elif o.phase in ("pre", "loop") and all(a in inv for a in o.args):
-                inv.add(o.id)
-        return inv
+        loop): the core marks them ``pre``."""
+        return {o.id for o in self.ops if o.hoisted}
+
+    def fused_accums(self) -> dict[int, int]:
+        """Accumulator id -> the matmul that adds into it directly (``accumulate_into``)."""
+        return {o.accumulate_into: o.id for o in self.ops if o.accumulate_into is not None}
 
 
 @dataclass(frozen=True)
@@ -457,7 +484,12 @@ def _parse_op(raw: Any, kname: str, n_inputs: int) -> TileOp:
             raise _err(where, f"accumulators have phase 'accum', got {phase!r}")
     if kind != "accum" and phase == "accum":
         raise _err(where, f"only accumulators have phase 'accum' (op is {kind!r})")
-    return TileOp(op_id, kind, args, dims, phase, attrs)
+    into = raw.get("accumulate_into")
+    if into is not None:
+        into = _int(into, where, "accumulate_into", 0)
+        if kind != "matmul":
+            raise _err(where, f"only matmuls accumulate into an accumulator (op is {kind!r})")
+    return TileOp(op_id, kind, args, dims, phase, attrs, into)
 
 
 _PHASE_RANK = {"pre": 0, "loop": 1, "accum": 2, "epilogue": 3}
@@ -471,14 +503,27 @@ def _check_phases(k: GeneratedKernel) -> None:
         if o.op == "input":
             if o.phase not in ("pre", "loop"):
                 raise _err(where, f"input ops are 'pre' or 'loop', got {o.phase!r}")
-            if o.phase == "pre" and k.inputs[o.attr("input")].uses_iter():
+            walks = k.inputs[o.attr("input")].uses_iter()
+            if o.phase == "pre" and walks:
                 raise _err(where, "a 'pre' input cannot depend on the loop index")
+            if o.phase == "loop" and not walks:
+                raise _err(
+                    where,
+                    "the input does not walk the loop, so it is loaded once and must be 'pre' "
+                    "(version 3 hoists it)",
+                )
         elif o.phase == "pre":
             if any(p != "pre" for p in srcs):
                 raise _err(where, "'pre' ops may only use 'pre' values")
         elif o.phase == "loop":
             if any(p not in ("pre", "loop") for p in srcs):
                 raise _err(where, "'loop' ops may only use 'pre' and 'loop' values")
+            if all(p == "pre" for p in srcs):
+                raise _err(
+                    where,
+                    "its operands are all 'pre', so it is loop-invariant and must be 'pre' "
+                    "(version 3 hoists it)",
+                )
         elif o.phase == "accum":
             if any(p not in ("pre", "loop") for p in srcs):
                 raise _err(where, "accumulators take 'pre' or 'loop' values")
@@ -573,19 +618,25 @@ def _parse_generated(
                 or seen[a].attr("acc") not in ("iter", "sum", "sum_todimx")
             ):
                 raise _err(w, f"op {a} is not a sum accumulator")
+        rows = seen[seen[exp_id].args[0]].dims[:-1]
         outs = tuple(_int(x, w, "scale_output", 0) for x in g.get("scale_outputs", []))
         for x in outs:
             if x >= len(outputs):
                 raise _err(w, f"scale_outputs names output {x} of {len(outputs)}")
+            src_dims = outputs[x].tile  # the stored op's dims
+            if src_dims[:-1] != rows:
+                raise _err(
+                    w, f"output {x} {list(src_dims)} does not have the exp's rows {list(rows)}"
+                )
         store = None
         if g.get("shift_store") is not None:
-            rows = (*seen[seen[exp_id].args[0]].dims[:-1], 1)
-            store = _shift_store(g["shift_store"], rows, bufs, grid, w)
+            store = _shift_store(g["shift_store"], (*rows, 1), bufs, grid, w)
         if outs and store is None:
             raise _err(w, "scale_outputs are stored shifted, so the group needs a shift_store")
         if store is not None and not outs:
             raise _err(w, "a shift_store without scale_outputs")
-        groups.append(SafeSoftmax(exp_id, accs, outs, store))
+        rescale = _rescale(_get(g, "rescale", w), accs, seen, seen[exp_id], rows, w)
+        groups.append(SafeSoftmax(exp_id, accs, outs, store, rescale))
     k = GeneratedKernel(
         name=name,
         grid=grid,
@@ -598,9 +649,80 @@ def _parse_generated(
         safe_softmax=tuple(groups),
         smem_bytes=_int(raw.get("smem_bytes", 0), where, "smem_bytes", 0),
         shift_carry=_shift_carry(raw.get("shift_carry"), inputs, seen, where),
+        loop_split=_loop_split(_get(raw, "loop_split", where), forloop, where),
     )
     _check_phases(k)
+    _check_fusion(k)
     return k
+
+
+def _broadcasts(rows: Sequence[int], to: Sequence[int]) -> bool:
+    """Whether per-row values of ``rows`` broadcast to the rows ``to`` (equal rank, each dim
+    1 or equal)."""
+    return len(rows) == len(to) and all(r in (1, t) for r, t in zip(rows, to, strict=True))
+
+
+def _rescale(
+    raw: Any,
+    accs: Sequence[int],
+    ops: Mapping[int, TileOp],
+    exp: TileOp,
+    rows: tuple[int, ...],
+    w: str,
+) -> tuple[Rescale, ...]:
+    """A group's ``rescale``: distinct accumulators of the group, non-zero integer degrees,
+    rows the running max broadcasts to; empty when the exp is hoisted (its max is fixed)."""
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        raise _err(w, f"rescale must be a list of {{accum, degree}} objects, got {raw!r}")
+    out: list[Rescale] = []
+    for r in raw:
+        a = _int(_get(r, "accum", w), w, "rescale accum", 0)
+        d = _int(_get(r, "degree", w), w, "rescale degree")
+        if a not in accs:
+            raise _err(w, f"rescale names op {a}, which is not one of the group's accums")
+        if d == 0:
+            raise _err(w, f"accumulator {a} has degree 0, which needs no rescale; leave it out")
+        if a in (x.accum for x in out):
+            raise _err(w, f"accumulator {a} is rescaled twice")
+        if not _broadcasts(rows, ops[a].dims[:-1]):
+            raise _err(
+                w,
+                f"the exp's running max has rows {list(rows)}, which do not broadcast to "
+                f"accumulator {a} {list(ops[a].dims)}",
+            )
+        out.append(Rescale(a, d))
+    if out and exp.hoisted:
+        raise _err(w, f"exp {exp.id} is hoisted, so its max is fixed and rescales nothing")
+    return tuple(out)
+
+
+def _loop_split(raw: Any, forloop: int, where: str) -> int:
+    """``loop_split``: a power of two dividing the for-loop."""
+    split = _int(raw, where, "loop_split", 1)
+    if split & (split - 1) or forloop % split:
+        raise _err(
+            where, f"loop_split {split} is not a power of two dividing forloop_range {forloop}"
+        )
+    return split
+
+
+def _check_fusion(k: GeneratedKernel) -> None:
+    """``accumulate_into``: a loop matmul whose only reader is that ``iter`` accumulator of
+    the same dims, and which is not stored."""
+    stored = {a.src for a in k.outputs}
+    for o in k.ops:
+        if o.accumulate_into is None:
+            continue
+        where = f"kernel {k.name!r} op {o.id}"
+        acc = next((x for x in k.ops if x.id == o.accumulate_into), None)
+        if acc is None or acc.op != "accum" or acc.attr("acc") != "iter":
+            raise _err(where, f"accumulate_into {o.accumulate_into} is not an 'iter' accumulator")
+        if acc.args != (o.id,) or acc.dims != o.dims:
+            raise _err(where, f"accumulator {acc.id} does not sum this matmul's tile")
+        if o.phase != "loop":
+            raise _err(where, f"only 'loop' matmuls accumulate into an accumulator: {o.phase!r}")
+        if [c.id for c in k.consumers(o.id)] != [acc.id] or o.id in stored:
+            raise _err(where, f"the product is read besides accumulator {acc.id}: not fusable")
 
 
 def _shift_buffer(raw: Any, bufs: Mapping[int, Buffer], where: str) -> tuple[Buffer, int]:
@@ -670,10 +792,22 @@ def _shift_carry(
         raise _err(w, f"inputs {list(ins)} are not the inputs with a shift_load {list(shifted)}")
     if len({inputs[i].uses_iter() for i in ins}) != 1:
         raise _err(w, "shifted inputs must all walk the loop or all be loaded once")
+    rows = {inputs[i].tile[:-1] for i in ins}
+    if len(rows) != 1:
+        raise _err(w, f"shifted inputs have different rows {sorted(list(r) for r in rows)}")
+    (row,) = rows
     accs = tuple(_int(a, w, "accum", 0) for a in _get(raw, "accums", w))
     for a in accs:
         if a not in ops or ops[a].op != "accum" or ops[a].attr("acc") == "rms":
             raise _err(w, f"op {a} is not a sum accumulator")
+        if not _broadcasts(row, ops[a].dims[:-1]):
+            raise _err(
+                w,
+                f"the running max has the shifted inputs' rows {list(row)}, which do not "
+                f"broadcast to accumulator {a} {list(ops[a].dims)}",
+            )
+    if accs and not inputs[ins[0]].uses_iter():
+        raise _err(w, "shifted inputs loaded once leave the running max final: no accums")
     return ShiftCarry(ins, accs)
 
 
@@ -725,10 +859,16 @@ def parse_plan(plan: Any) -> Plan:
     if plan.get("format") != FORMAT:
         raise PlanError(f"kernel plan: format {plan.get('format')!r}, expected {FORMAT!r}")
     version = plan.get("version")
-    if version not in (1, VERSION):
+    if version in (1, 2):
+        raise PlanError(
+            f"kernel plan: version {version} lacks the analyses version {VERSION} carries "
+            "(hoisted phases, accumulate_into, rescale, loop_split); lower the graph again "
+            "with this yirage"
+        )
+    if version != VERSION:
         raise PlanError(
             f"kernel plan: version {version!r} is not supported by this yirage "
-            f"(supports {VERSION}); upgrade yirage"
+            f"(supports {VERSION}); install matching versions of yirage and its backends"
         )
     bufs: dict[int, Buffer] = {}
     for r in _get(plan, "buffers", "plan"):
@@ -783,11 +923,5 @@ def parse_plan(plan: Any) -> Plan:
     for buf in bufs.values():
         if buf.role == "output" and buf.id not in written:
             raise PlanError(f"kernel plan: output buffer {buf.id} is never written")
-    gens = [k for k in kernels if isinstance(k, GeneratedKernel)]
-    if version == 1 and any(g.scale_outputs for k in gens for g in k.safe_softmax):
-        raise PlanError(
-            "kernel plan: version 1 un-shifts scale_outputs by exp(m) before the store, which "
-            "overflows; lower the graph again with this yirage (version 2 stores them shifted)"
-        )
     text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
     return Plan(str(plan.get("graph_hash", "")), tuple(bufs.values()), tuple(kernels), text)
