@@ -347,6 +347,7 @@ def _run_yirage(
         "measured_us": getattr(rep, "measured_us", None),
         "report_max_rel_err": getattr(rep, "max_rel_err", None),
         "chosen": getattr(rep, "chosen_description", None),
+        "chosen_variant": getattr(rep, "chosen_variant", None),
         "chosen_is_library_baseline": getattr(rep, "chosen_is_library_baseline", None),
         "verification_level": getattr(rep, "verification_level", None),
         "search_config": config,
@@ -357,6 +358,9 @@ def _run_yirage(
                 "status": c.status,
                 "predicted_us": c.predicted_us,
                 "measured_us": c.measured_us,
+                "variant": c.variant,
+                "variant_us": dict(c.variant_us),
+                "dropped_variants": dict(c.dropped_variants),
                 "error": c.error,
             }
             for c in getattr(rep, "candidates", [])
