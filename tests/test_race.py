@@ -267,3 +267,37 @@ def test_race_ranks_contenders_and_prunes_those_far_behind() -> None:
     assert len(result.spread[(1, "right")]) == _race.PRUNE_AFTER_ROUNDS
     assert len(result.spread[(0, "wrong")]) == 4
     assert not _superoptimize._noisy(result.spread_in_race())
+
+
+def test_the_stress_check_judges_each_variant(searches: list[int]) -> None:
+    """A variant that fails a stress set leaves the race; its candidate stays in with the
+    variant that passes."""
+    from yirage._report import CandidateReport, SuperoptimizeReport
+    from yirage._stress import StressSet
+
+    g = _graph()
+    x, w = _inputs()
+    stress = StressSet("a stress set", [x, w], [x.astype(np.float64) @ w])
+    plan = _plan("p", True)
+    entries = [
+        _race.Contender(0.0, 0, plan, plan, _Launcher(plan, n), n) for n in ("wrong", "right")
+    ]
+    rep = SuperoptimizeReport(backend="b", backend_version="0", verification_level="x", device="d")
+    rep.candidates = [CandidateReport(index=0, hash=None, description="", status="ok")]
+    kept = _superoptimize._stress_check(_NumpyBackend(), g, stress, entries, set(), rep)
+    assert [c.variant for c in kept] == ["right"]
+    assert rep.candidates[0].status == "ok"
+    assert "stress check failed (a stress set)" in rep.candidates[0].dropped_variants["wrong"]
+
+
+def test_a_saved_kernel_loads_its_variant(searches: list[int], tmp_path: Path) -> None:
+    be = _NumpyBackend(["fixed", "right"])
+    k = yr.superoptimize(_graph(), backend=be, cache=False)
+    assert k.variant == "right"  # the faster of the two correct variants
+    path = k.save(tmp_path / "kernel.json")
+    loaded = yr.load_kernel(path, backend=be)
+    assert loaded.variant == "right" and loaded.launcher.variant == "right"
+    be.variant_names = ["fixed"]  # "right" is no longer printed: the first variant, noted
+    again = yr.load_kernel(path, backend=be)
+    assert again.variant == "fixed" and again.launcher.variant == "fixed"
+    assert any("no longer offers" in n for n in again.report.notes)
