@@ -2,7 +2,7 @@
 # Reproduces the GPU results on a CUDA machine that has torch and triton but no network.
 # Build the wheels first on a machine with network:
 #   maturin build --release -m packages/yirage/Cargo.toml -o .whl
-#   pip wheel --no-deps -w .whl packages/yirage-cpu packages/yirage-cuda
+#   pip wheel --no-deps -w .whl packages/yirage-cpu packages/yirage-triton packages/yirage-cuda
 # then, on the GPU machine from the repository root:
 #   bash benchmarks/run_on_gpu.sh [OUTDIR] [pytest|bench|all]
 set -uo pipefail
