@@ -64,7 +64,7 @@ def _fused_plan(dtype: str = "float32") -> dict[str, Any]:
 def _baseline_plan(dtype: str = "float32") -> dict[str, Any]:
     return {
         "format": "yirage.kernel_plan",
-        "version": 1,
+        "version": 3,
         "graph_hash": "baseline",
         "buffers": [
             {"id": 0, "dims": [8, 512], "dtype": dtype, "role": "input", "index": 0},
