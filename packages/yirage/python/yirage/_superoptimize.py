@@ -107,6 +107,9 @@ class _Run:
     seed: int
     check: bool
     t_start: float
+    #: the device's DeviceSpec and the one the search is pinned to ("" when none), as JSON
+    spec_json: str = ""
+    pinned_json: str = ""
     errs: dict[Key, float] = field(default_factory=dict)
 
     @property
@@ -199,16 +202,11 @@ def superoptimize(
         KeyboardInterrupt: Ctrl-C (the search stops within a second).
     """
     _validate(graph, top_k)
-    run = _start(graph, resolve_backend(backend), check, device_spec)
+    t_start = time.perf_counter()
+    run = _start(graph, resolve_backend(backend), check, device_spec, t_start)
     decision = (
         _decision.decision_path(
-            graph,
-            run.be,
-            run.be.device_spec().to_json(),
-            _pinned_spec(device_spec, run.be)[0],
-            top_k,
-            config,
-            dict(search_options),
+            graph, run.be, run.spec_json, run.pinned_json, top_k, config, dict(search_options)
         )
         if cache
         else None
@@ -293,15 +291,16 @@ def _validate(graph: Any, top_k: Any) -> None:
         )
 
 
-def _start(graph: KernelGraph, be: Backend, check: bool, device_spec: Any) -> _Run:
+def _start(graph: KernelGraph, be: Backend, check: bool, device_spec: Any, t_start: float) -> _Run:
     """The run's fixed parts and its empty report (an unusable ``device_spec`` raises
     ConfigError here, before anything is built)."""
-    pinned_note = _pinned_spec(device_spec, be)[1]
+    pinned_json, pinned_note = _pinned_spec(device_spec, be)
+    spec = be.device_spec()
     report = SuperoptimizeReport(
         backend=be.name,
         backend_version=be.package_version,
         verification_level=str(be.verification_level),
-        device=be.device_spec().name,
+        device=spec.name,
         toolchain=_toolchain(be),
         tolerance=tolerance_for(graph),
         check_seed=new_check_seed(),
@@ -309,7 +308,17 @@ def _start(graph: KernelGraph, be: Backend, check: bool, device_spec: Any) -> _R
     if pinned_note:
         report.notes.append(pinned_note)
     assert report.check_seed is not None
-    return _Run(graph, be, Shapes(graph), report, report.check_seed, check, time.perf_counter())
+    return _Run(
+        graph,
+        be,
+        Shapes(graph),
+        report,
+        report.check_seed,
+        check,
+        t_start,
+        spec.to_json(),
+        pinned_json,
+    )
 
 
 # -- search ------------------------------------------------------------------------------------
