@@ -4,7 +4,9 @@ Huawei publishes few per-chip figures for the 910B family and the SKUs (910B1..9
 differ in AI-core count and clocks, so core count, L2, bandwidth and peaks are None rather
 than guesses. What the CANN documentation states for Atlas A2 (910B) parts is kept: a
 192 KiB Unified Buffer per AI Core (``shared_mem_per_block``) and the 16x16x16 FP16 Cube
-unit (``matrix_tile``). Ascend has no warps or thread blocks: those fields are None.
+unit (``matrix_tile``). Ascend has no warps or thread blocks: those fields are None, and an
+AI Core runs one program on tiles in its buffers (``execution_model="tile"``);
+launch_overhead_us stays None (the core's tile default: no published figure).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ ASCEND_910B = DeviceSpec(
     peak_tflops_fp16=None,
     peak_tflops_fp32=None,
     matrix_tile=(16, 16, 16),
+    execution_model="tile",
 )
 
 KNOWN_DEVICES: dict[str, DeviceSpec] = {"Ascend 910B": ASCEND_910B}
@@ -53,5 +56,6 @@ def device_spec() -> DeviceSpec | None:
         mem_bandwidth_gbps=None,
         peak_tflops_fp16=None,
         peak_tflops_fp32=None,
+        execution_model="tile",
         source="live",
     )

@@ -2,7 +2,9 @@
 
 Linux: sysfs caches and /proc/cpuinfo flags. macOS: ``sysctl`` (``hw.*cachesize``, and on
 Intel Macs ``machdep.cpu.*features``). Bandwidth and peak FLOPS are not measured here and stay
-None."""
+None. A CPU block is one single-threaded task on a core (``execution_model="cpu"``, no
+warps); launch_overhead_us stays None (the core's CPU default, about 1 µs for a parallel
+region)."""
 
 from __future__ import annotations
 
@@ -177,5 +179,6 @@ def device_spec() -> DeviceSpec:
         peak_tflops_fp32=None,
         matrix_tile=None,
         simd_width_bits=simd_width_bits(flags, machine),
+        execution_model="cpu",
         source="live",
     )

@@ -2,8 +2,11 @@
 
 Table figures are NVIDIA's published dense numbers: peak_tflops_fp16 is the dense FP16 Tensor
 Core peak (the datasheets' headline figures with sparsity are twice that), peak_tflops_fp32
-the non-tensor FP32 peak; shared_mem_per_block is the opt-in maximum per block;
-matrix_tile is the warp-level mma.sync shape m16n8k16 available on all three.
+the non-tensor FP32 peak; shared_mem_per_block is the opt-in maximum per block (CUDA C
+Programming Guide, "Features and Technical Specifications" table); warp_size 32;
+matrix_tile is the warp-level mma.sync shape m16n8k16 available on all of them. Every NVIDIA
+GPU is a SIMT machine (``execution_model="simt"``); launch_overhead_us stays None (the
+core's SIMT default of about 2 µs per kernel: NVIDIA publishes no such figure).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ H100_SXM = DeviceSpec(
     peak_tflops_fp16=989.4,
     peak_tflops_fp32=67.0,
     matrix_tile=_MMA,
+    execution_model="simt",
 )
 H200 = DeviceSpec(
     name="NVIDIA H200 SXM 141GB",
@@ -45,6 +49,7 @@ H200 = DeviceSpec(
     peak_tflops_fp16=989.4,
     peak_tflops_fp32=67.0,
     matrix_tile=_MMA,
+    execution_model="simt",
 )
 A100_80GB = DeviceSpec(
     name="NVIDIA A100 SXM4 80GB",
@@ -59,12 +64,32 @@ A100_80GB = DeviceSpec(
     peak_tflops_fp16=312.0,
     peak_tflops_fp32=19.5,
     matrix_tile=_MMA,
+    execution_model="simt",
+)
+
+# NVIDIA L4 datasheet: 121 TFLOPS dense FP16 Tensor Core (242 with sparsity), 30.3 TFLOPS
+# FP32, 300 GB/s GDDR6; 58 SMs and 48 MiB L2 (Ada whitepaper); 99 KiB opt-in per block (cc 8.9).
+L4 = DeviceSpec(
+    name="NVIDIA L4",
+    vendor="NVIDIA",
+    arch="sm_89",
+    compute_units=58,
+    warp_size=32,
+    max_threads_per_block=1024,
+    shared_mem_per_block=99 * 1024,
+    l2_bytes=48 * 2**20,
+    mem_bandwidth_gbps=300.0,
+    peak_tflops_fp16=121.0,
+    peak_tflops_fp32=30.3,
+    matrix_tile=_MMA,
+    execution_model="simt",
 )
 
 KNOWN_DEVICES: dict[str, DeviceSpec] = {
     "H100 SXM": H100_SXM,
     "H200": H200,
     "A100 80GB": A100_80GB,
+    "L4": L4,
 }
 
 # (needles in the runtime's device name, table entry); "!x" = must not contain x.
@@ -72,6 +97,7 @@ _MATCH = (
     (("H200", "!NVL"), H200),
     (("H100", "!PCIe", "!NVL"), H100_SXM),
     (("A100", "80GB", "!PCIe"), A100_80GB),
+    (("L4", "!L40"), L4),
 )
 
 # CUdevice_attribute values of the CUDA driver API.
@@ -175,5 +201,6 @@ def device_spec() -> DeviceSpec | None:
         peak_tflops_fp16=None,
         peak_tflops_fp32=None,
         matrix_tile=_MMA if (props.get("cc_major") or 0) >= 8 else None,
+        execution_model="simt",
         source="live",
     )

@@ -4,7 +4,9 @@ Apple publishes GPU core counts and memory bandwidth, not FLOPS, cache sizes or 
 peak, so those fields are None rather than estimates. shared_mem_per_block is the 32 KiB
 threadgroup memory, warp_size the 32-wide SIMD-group and max_threads_per_block 1024 (Metal
 feature-set tables); matrix_tile is simdgroup_matrix 8x8. The table describes the top GPU
-configuration of each chip; a binned part has fewer cores.
+configuration of each chip; a binned part has fewer cores. Apple GPUs are SIMT machines
+(``execution_model="simt"``); launch_overhead_us is 5 µs, an estimate of a Metal
+command-buffer dispatch and wait (Apple publishes no figure), above a CUDA launch.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from yirage import Backend, DeviceSpec
 from yirage_mps._probe import chip_name
 
 _SIMDGROUP_MATRIX = (8, 8, 8)
+_METAL_LAUNCH_US = 5.0
 
 M2_ULTRA = DeviceSpec(
     name="Apple M2 Ultra (76-core GPU)",
@@ -27,6 +30,8 @@ M2_ULTRA = DeviceSpec(
     peak_tflops_fp16=None,
     peak_tflops_fp32=None,
     matrix_tile=_SIMDGROUP_MATRIX,
+    execution_model="simt",
+    launch_overhead_us=_METAL_LAUNCH_US,
 )
 M3_MAX = DeviceSpec(
     name="Apple M3 Max (40-core GPU)",
@@ -41,6 +46,8 @@ M3_MAX = DeviceSpec(
     peak_tflops_fp16=None,
     peak_tflops_fp32=None,
     matrix_tile=_SIMDGROUP_MATRIX,
+    execution_model="simt",
+    launch_overhead_us=_METAL_LAUNCH_US,
 )
 
 KNOWN_DEVICES: dict[str, DeviceSpec] = {"M2 Ultra": M2_ULTRA, "M3 Max": M3_MAX}
@@ -81,5 +88,7 @@ def device_spec() -> DeviceSpec | None:
         peak_tflops_fp16=None,
         peak_tflops_fp32=None,
         matrix_tile=_SIMDGROUP_MATRIX,
+        execution_model="simt",
+        launch_overhead_us=_METAL_LAUNCH_US,
         source="live",
     )

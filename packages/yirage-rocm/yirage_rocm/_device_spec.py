@@ -2,8 +2,10 @@
 
 Table figures from AMD's datasheets: peak_tflops_fp16 is the dense FP16 matrix peak,
 peak_tflops_fp32 the FP32 vector peak (without matrix cores); shared_mem_per_block is the
-64 KiB LDS per workgroup; matrix_tile the MFMA 32x32x8 FP16 shape. An MI250X shows up as
-two devices (one per GCD), so its entry describes one GCD (half the package figures).
+64 KiB LDS per workgroup; warp_size the 64-wide wavefront (CDNA ISA guides); matrix_tile
+the MFMA 32x32x8 FP16 shape. An MI250X shows up as two devices (one per GCD), so its entry
+describes one GCD (half the package figures). AMD GPUs are SIMT machines
+(``execution_model="simt"``); launch_overhead_us stays None (the core's SIMT default).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MI300X = DeviceSpec(
     peak_tflops_fp16=1307.4,
     peak_tflops_fp32=81.7,
     matrix_tile=_MFMA,
+    execution_model="simt",
 )
 MI250X_GCD = DeviceSpec(
     name="AMD Instinct MI250X (one GCD)",
@@ -40,6 +43,7 @@ MI250X_GCD = DeviceSpec(
     peak_tflops_fp16=191.5,
     peak_tflops_fp32=23.95,
     matrix_tile=_MFMA,
+    execution_model="simt",
 )
 
 KNOWN_DEVICES: dict[str, DeviceSpec] = {"MI300X": MI300X, "MI250X": MI250X_GCD}
@@ -83,5 +87,6 @@ def device_spec() -> DeviceSpec | None:
         peak_tflops_fp16=None,
         peak_tflops_fp32=None,
         matrix_tile=None,
+        execution_model="simt",
         source="live",
     )

@@ -4,7 +4,9 @@ Figures from Google Cloud's TPU pages: peak bf16 compute per chip (in peak_tflop
 which for TPUs holds the bf16 MXU peak: there is no separate fp16 path) and HBM bandwidth;
 fp32 peak is not published (None). compute_units counts TensorCores per chip, matrix_tile
 is the 128x128 MXU, shared_mem_per_block the 16 MiB default scoped-VMEM limit that Mosaic
-kernels get (physical VMEM is larger). TPUs have no warps or thread blocks (None).
+kernels get (physical VMEM is larger). TPUs have no warps or thread blocks (None): a
+TensorCore runs one program on tiles in VMEM (``execution_model="tile"``);
+launch_overhead_us stays None (the core's tile default: no published figure).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ TPU_V4 = DeviceSpec(
     peak_tflops_fp16=275.0,
     peak_tflops_fp32=None,
     matrix_tile=_MXU,
+    execution_model="tile",
 )
 TPU_V5E = DeviceSpec(
     name="Google TPU v5e",
@@ -41,6 +44,7 @@ TPU_V5E = DeviceSpec(
     peak_tflops_fp16=197.0,
     peak_tflops_fp32=None,
     matrix_tile=_MXU,
+    execution_model="tile",
 )
 
 KNOWN_DEVICES: dict[str, DeviceSpec] = {"TPU v4": TPU_V4, "TPU v5e": TPU_V5E}
@@ -74,5 +78,6 @@ def device_spec() -> DeviceSpec | None:
         peak_tflops_fp16=None,
         peak_tflops_fp32=None,
         matrix_tile=_MXU,
+        execution_model="tile",
         source="live",
     )

@@ -18,7 +18,8 @@
 //!   compute scales with the used fraction of the last wave. Memory saturates with fewer
 //!   units ([`MEM_UNITS_FACTOR`]× their share) because one unit can draw more than its
 //!   share of bandwidth.
-//! * **launch overhead** per kernel (the vendor's typical launch/sync gap).
+//! * **launch overhead** per kernel ([`DeviceSpec::launch_us`]: the spec's
+//!   `launch_overhead_us`, else the execution model's typical launch/sync gap).
 //!
 //! * **pipelining**: loads and compute of a block overlap only across for-loop iterations
 //!   (double buffering), so `min(memory, compute) / F` stays exposed; a library kernel is
@@ -27,7 +28,10 @@
 //! A kernel's time is `max(memory, compute) + min(memory, compute) / F` plus the launch
 //! overhead.
 //!
-//! **GPU streaming terms** (vendors `cuda`/`rocm`, generated kernels only; measured on an
+//! Which further terms apply follows from the spec's [`ExecutionModel`], never from the
+//! vendor name.
+//!
+//! **GPU streaming terms** (execution model `simt`, generated kernels only; measured on an
 //! H100, where fused kernels with 64 blocks and 16-row K tiles ran 3–6× slower than the
 //! bytes predict): with `tile` = bytes one block reads per for-loop iteration, `S` =
 //! min([`GPU_STAGES`], F, tiles that fit in shared memory) pipeline stages and `resident` =
@@ -63,7 +67,12 @@
 //!   workspace; the cheaper of the split and unsplit forms is charged, as the profiler
 //!   keeps the faster variant.
 //!
-//! **CPU terms** (vendor `cpu`, generated kernels only):
+//! **Tile machines** (execution model `tile`: TPU TensorCores, Ascend AI Cores) get only the
+//! terms above: one single-threaded program per block (no warps), matmuls at the matrix-unit
+//! peak divided by the tile efficiency of `matrix_tile` (a 128×128 MXU fed 16-row tiles runs
+//! at an eighth of its peak). Nothing tile-specific has been measured yet.
+//!
+//! **CPU terms** (execution model `cpu`, generated kernels only):
 //! * **narrow rows**: an input tile whose rows are shorter than [`CPU_ROW_BYTES`] is charged
 //!   `CPU_ROW_BYTES / row bytes` times its bytes (strided rows of a few cache lines defeat
 //!   the prefetchers), unless its tensor is small enough to stay in cache (≤ a quarter of
@@ -71,8 +80,10 @@
 //!   2-core Xeon, GQA decode reading Kᵀ in tiles of 16, 32 and ≥ 64 columns (64-, 128- and
 //!   ≥ 256-byte rows): 1.4-1.5×, 1.15× and 1×.
 
-use crate::error::{CoreError, Result};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+mod spec;
+pub use spec::{DeviceSpec, ExecutionModel};
 
 /// Re-reads served from L2 run this many times faster than DRAM reads.
 pub const L2_SPEEDUP: f64 = 3.0;
@@ -134,182 +145,6 @@ pub const GPU_SKINNY_ROWS: u64 = 16;
 /// CPU: contiguous bytes per tile row below which a strided tile streams slower than the
 /// bytes predict (see the module doc).
 pub const CPU_ROW_BYTES: f64 = 256.0;
-
-/// What the search and the cost model know about the target device.
-///
-/// Sent from Python as JSON (a backend's `device_spec()`); every field but
-/// `launch_overhead_us` is required so a backend cannot silently leave a limit out.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeviceSpec {
-    /// SMs / CUs / cores: the number of blocks that run at once (one per unit).
-    pub compute_units: u32,
-    /// Threads per warp / wavefront / SIMD group (1 on CPUs).
-    pub warp_size: u32,
-    /// Largest block (threads).
-    pub max_threads_per_block: u32,
-    /// Shared memory (threadgroup memory, VMEM, L1/L2 slice on CPUs) one block may use.
-    pub shared_mem_per_block: u64,
-    /// Last-level cache shared by all units.
-    pub l2_bytes: u64,
-    /// Device-memory bandwidth (GB/s, 1e9 bytes/s).
-    pub mem_bandwidth_gbps: f64,
-    /// Dense fp16/bf16 matrix peak (TFLOP/s).
-    pub peak_tflops_fp16: f64,
-    /// fp32 peak (TFLOP/s).
-    pub peak_tflops_fp32: f64,
-    /// Matrix-unit tile `[m, n, k]`, or null when the device has none (CPU).
-    pub matrix_tile: Option<[u32; 3]>,
-    /// `cpu`, `cuda`, `rocm`, `mps`, `ascend`, `tpu`, … (selects defaults such as the
-    /// launch overhead and whether blocks are single-threaded).
-    pub vendor: String,
-    /// Per-kernel launch/sync overhead in µs; default by vendor (see [`DeviceSpec::launch_us`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub launch_overhead_us: Option<f64>,
-}
-
-impl DeviceSpec {
-    /// Parse and validate a JSON document.
-    pub fn from_json(s: &str) -> Result<DeviceSpec> {
-        let spec: DeviceSpec = serde_json::from_str(s).map_err(|e| {
-            CoreError::Serialization(format!(
-                "device spec: {e}; expected an object with compute_units, warp_size, \
-                 max_threads_per_block, shared_mem_per_block, l2_bytes, mem_bandwidth_gbps, \
-                 peak_tflops_fp16, peak_tflops_fp32, matrix_tile ([m,n,k] or null), vendor"
-            ))
-        })?;
-        spec.validate()?;
-        Ok(spec)
-    }
-
-    /// Canonical JSON (field order fixed), used in cache keys.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-
-    /// Check every limit is positive and finite.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |what: &str| Err(CoreError::Serialization(format!("device spec: {what}")));
-        if self.compute_units == 0 {
-            return bad("compute_units must be ≥ 1");
-        }
-        if self.warp_size == 0 {
-            return bad("warp_size must be ≥ 1");
-        }
-        if self.max_threads_per_block == 0 {
-            return bad("max_threads_per_block must be ≥ 1");
-        }
-        if self.shared_mem_per_block == 0 {
-            return bad("shared_mem_per_block must be ≥ 1 byte");
-        }
-        for (n, v) in [
-            ("mem_bandwidth_gbps", self.mem_bandwidth_gbps),
-            ("peak_tflops_fp16", self.peak_tflops_fp16),
-            ("peak_tflops_fp32", self.peak_tflops_fp32),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return bad(&format!("{n} must be a finite number > 0, got {v}"));
-            }
-        }
-        if let Some(t) = self.matrix_tile {
-            if t.contains(&0) {
-                return bad("matrix_tile entries must be ≥ 1");
-            }
-        }
-        if let Some(l) = self.launch_overhead_us {
-            if !(l.is_finite() && l >= 0.0) {
-                return bad("launch_overhead_us must be a finite number ≥ 0");
-            }
-        }
-        if self.vendor.is_empty() {
-            return bad("vendor must be a non-empty string");
-        }
-        Ok(())
-    }
-
-    /// True for the GPU vendors whose streaming terms the model charges (see module doc).
-    pub fn is_streaming_gpu(&self) -> bool {
-        !self.is_cpu() && matches!(self.vendor.as_str(), "cuda" | "nvidia" | "rocm" | "amd")
-    }
-
-    /// True for CPU-like devices whose "blocks" are single-threaded tasks.
-    pub fn is_cpu(&self) -> bool {
-        self.vendor == "cpu" || self.warp_size == 1
-    }
-
-    /// Launch/sync overhead per kernel (µs): the explicit value, else a vendor default
-    /// (GPU launch gaps ~2 µs; an OpenMP parallel region ~1 µs; Metal/TPU dispatch higher).
-    pub fn launch_us(&self) -> f64 {
-        if let Some(l) = self.launch_overhead_us {
-            return l;
-        }
-        match self.vendor.as_str() {
-            "cpu" => 1.0,
-            "mps" => 5.0,
-            "tpu" | "ascend" => 3.0,
-            _ => 2.0,
-        }
-    }
-
-    /// Warp counts the search may give a block (threads = warps × warp_size).
-    pub fn warp_choices(&self) -> Vec<u32> {
-        if self.is_cpu() {
-            return vec![1];
-        }
-        let v: Vec<u32> = [4u32, 8]
-            .into_iter()
-            .filter(|w| w * self.warp_size <= self.max_threads_per_block)
-            .collect();
-        if v.is_empty() {
-            vec![(self.max_threads_per_block / self.warp_size).max(1)]
-        } else {
-            v
-        }
-    }
-
-    /// Threads per block for `warps` warps.
-    pub fn block_threads(&self, warps: u32) -> u32 {
-        if self.is_cpu() {
-            1
-        } else {
-            (warps * self.warp_size).min(self.max_threads_per_block)
-        }
-    }
-
-    /// A typical NVIDIA H100 SXM (used by tests and as an example).
-    pub fn h100() -> DeviceSpec {
-        DeviceSpec {
-            compute_units: 132,
-            warp_size: 32,
-            max_threads_per_block: 1024,
-            shared_mem_per_block: 227 * 1024,
-            l2_bytes: 50 * 1024 * 1024,
-            mem_bandwidth_gbps: 3000.0,
-            peak_tflops_fp16: 700.0,
-            peak_tflops_fp32: 60.0,
-            matrix_tile: Some([16, 8, 16]),
-            vendor: "cuda".into(),
-            launch_overhead_us: None,
-        }
-    }
-
-    /// A small 2-core CPU (used by tests; the CPU backend reports the real machine).
-    pub fn cpu2() -> DeviceSpec {
-        DeviceSpec {
-            compute_units: 2,
-            warp_size: 1,
-            max_threads_per_block: 1,
-            shared_mem_per_block: 1024 * 1024,
-            l2_bytes: 32 * 1024 * 1024,
-            mem_bandwidth_gbps: 20.0,
-            peak_tflops_fp16: 0.1,
-            peak_tflops_fp32: 0.1,
-            matrix_tile: None,
-            vendor: "cpu".into(),
-            launch_overhead_us: None,
-        }
-    }
-}
 
 /// One tensor read by a kernel: its size and how many bytes the kernel requests in all.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -553,22 +388,260 @@ pub fn total_cost(spec: &DeviceSpec, kernels: &[KernelProfile]) -> f64 {
 mod tests {
     use super::*;
 
+    /// A spec JSON as written before `execution_model` existed (`extra` appended).
+    fn legacy_json(vendor: &str, warp_size: u32, extra: &str) -> String {
+        format!(
+            r#"{{"compute_units":2,"warp_size":{warp_size},"max_threads_per_block":1,
+            "shared_mem_per_block":1048576,"l2_bytes":1048576,"mem_bandwidth_gbps":20,
+            "peak_tflops_fp16":0.1,"peak_tflops_fp32":0.1,"matrix_tile":null,
+            "vendor":"{vendor}"{extra}}}"#
+        )
+    }
+
     #[test]
     fn spec_json_round_trip_and_validation() {
         let s = DeviceSpec::h100();
         let back = DeviceSpec::from_json(&s.to_json()).unwrap();
         assert_eq!(back, s);
+        assert!(s.to_json().contains(r#""execution_model":"simt""#));
         let mut bad = s.clone();
         bad.compute_units = 0;
         assert!(DeviceSpec::from_json(&bad.to_json()).is_err());
         assert!(DeviceSpec::from_json("{}").is_err());
-        let cpu = r#"{"compute_units":2,"warp_size":1,"max_threads_per_block":1,
-            "shared_mem_per_block":1048576,"l2_bytes":1048576,"mem_bandwidth_gbps":20,
-            "peak_tflops_fp16":0.1,"peak_tflops_fp32":0.1,"matrix_tile":null,"vendor":"cpu"}"#;
-        let c = DeviceSpec::from_json(cpu).unwrap();
+        let c = DeviceSpec::from_json(&legacy_json("cpu", 1, "")).unwrap();
         assert!(c.is_cpu());
         assert_eq!(c.warp_choices(), vec![1]);
         assert_eq!(DeviceSpec::h100().warp_choices(), vec![4, 8]);
+    }
+
+    #[test]
+    fn specs_without_execution_model_derive_it_from_the_old_vendor_names_only() {
+        let model = |vendor: &str, warp: u32| {
+            DeviceSpec::from_json(&legacy_json(vendor, warp, ""))
+                .map(|s| s.execution_model)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(model("cpu", 1), Ok(ExecutionModel::Cpu));
+        assert_eq!(model("cuda", 32), Ok(ExecutionModel::Simt));
+        assert_eq!(model("rocm", 64), Ok(ExecutionModel::Simt));
+        assert_eq!(model("mps", 32), Ok(ExecutionModel::Simt));
+        assert_eq!(model("tpu", 32), Ok(ExecutionModel::Tile));
+        assert_eq!(model("ascend", 32), Ok(ExecutionModel::Tile));
+        // a single-lane "warp" was a CPU whatever the name
+        assert_eq!(model("pinned", 1), Ok(ExecutionModel::Cpu));
+        // a new vendor must say how it runs
+        let e = model("newchip", 32).unwrap_err();
+        assert!(
+            e.contains("execution_model") && e.contains(r#""simt", "cpu", "tile""#),
+            "{e}"
+        );
+        // an explicit field wins over the name, and is checked
+        let tile = legacy_json("cuda", 32, r#","execution_model":"tile""#);
+        assert_eq!(
+            DeviceSpec::from_json(&tile).unwrap().execution_model,
+            ExecutionModel::Tile
+        );
+        let e = DeviceSpec::from_json(&legacy_json("cuda", 32, r#","execution_model":"gpu""#))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("execution_model") && e.contains(r#""gpu""#),
+            "{e}"
+        );
+        assert!(e.contains(r#""simt", "cpu", "tile""#), "{e}");
+        let e = DeviceSpec::from_json(&legacy_json("cpu", 1, r#","launch_overhead_us":-1"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("launch_overhead_us"), "{e}");
+    }
+
+    /// Profiles touching every term: streaming, split, library skinny, CPU narrow rows.
+    fn sample_profiles() -> Vec<KernelProfile> {
+        let read = |run_bytes, staged, once| ReadProfile {
+            unique_bytes: 33.5e6,
+            total_bytes: 67e6,
+            run_bytes,
+            staged,
+            once,
+        };
+        let mm = |m| MatmulProfile {
+            m,
+            n: 64,
+            k: 64,
+            flops: 1e10,
+        };
+        vec![
+            KernelProfile {
+                blocks: 16,
+                forloop: 64,
+                reads: vec![read(32.0, true, false), read(256.0, false, true)],
+                write_bytes: 1e5,
+                matmuls: vec![mm(16)],
+                other_flops: 1e8,
+                low_precision: true,
+                computed_operand_matmuls: 1,
+                accum_bytes: 64.0 * 1024.0,
+                ..Default::default()
+            },
+            KernelProfile {
+                library: true,
+                reads: vec![read(0.0, false, false)],
+                matmuls: vec![mm(8)],
+                low_precision: true,
+                ..Default::default()
+            },
+            KernelProfile {
+                blocks: 264,
+                forloop: 1,
+                reads: vec![read(128.0, false, true)],
+                ..Default::default()
+            },
+        ]
+    }
+
+    #[test]
+    fn the_vendor_name_does_not_change_any_cost() {
+        for base in [DeviceSpec::h100(), DeviceSpec::cpu2(), tile_machine()] {
+            let renamed = DeviceSpec {
+                vendor: "some other vendor".into(),
+                ..base.clone()
+            };
+            for p in sample_profiles() {
+                assert_eq!(kernel_cost(&base, &p), kernel_cost(&renamed, &p));
+            }
+            assert_eq!(base.warp_choices(), renamed.warp_choices());
+            assert_eq!(base.launch_us(), renamed.launch_us());
+        }
+    }
+
+    /// The H100 figures driven as a tile machine (one program per unit, no warps).
+    fn tile_machine() -> DeviceSpec {
+        DeviceSpec {
+            execution_model: ExecutionModel::Tile,
+            matrix_tile: Some([128, 128, 128]),
+            vendor: "tpu".into(),
+            ..DeviceSpec::h100()
+        }
+    }
+
+    #[test]
+    fn the_execution_model_selects_the_terms() {
+        let simt = DeviceSpec::h100();
+        let tile = DeviceSpec {
+            execution_model: ExecutionModel::Tile,
+            ..simt.clone()
+        };
+        let attention = &sample_profiles()[0];
+        // only SIMT devices split loops and pay the streaming terms
+        let s = kernel_cost(&simt, attention);
+        assert_ne!(s, kernel_cost_split(&simt, attention, 1));
+        assert_eq!(
+            kernel_cost(&tile, attention),
+            kernel_cost_split(&tile, attention, 1)
+        );
+        // a tile machine has no warps: one thread of control per block
+        assert_eq!(tile.warp_choices(), vec![1]);
+        assert_eq!(tile.block_threads(8), 1);
+        assert_eq!(simt.block_threads(8), 256);
+        // launch gaps default by execution model and an explicit value wins
+        assert_eq!(simt.launch_us(), 2.0);
+        assert_eq!(DeviceSpec::cpu2().launch_us(), 1.0);
+        assert_eq!(tile.launch_us(), 3.0);
+        let quick = DeviceSpec {
+            launch_overhead_us: Some(0.5),
+            ..tile.clone()
+        };
+        assert_eq!(quick.launch_us(), 0.5);
+        // a 128-wide matrix unit fed 16-row tiles runs at an eighth of its peak
+        let mxu = tile_machine();
+        assert_eq!(tile_efficiency(&mxu, 16, 128, 128), 0.125);
+        let mm = |m: u64| KernelProfile {
+            blocks: 132,
+            matmuls: vec![MatmulProfile {
+                m,
+                n: 128,
+                k: 128,
+                flops: 1e12,
+            }],
+            low_precision: true,
+            ..Default::default()
+        };
+        let ratio = kernel_cost(&mxu, &mm(16)).compute_us / kernel_cost(&mxu, &mm(128)).compute_us;
+        assert!((ratio - 8.0).abs() < 1e-9, "{ratio}");
+    }
+
+    /// x[8,256] · w[256,256] then silu: a small graph the search settles quickly.
+    fn small_graph() -> crate::KernelGraph {
+        let mut g = crate::KernelGraph::new();
+        let x = g.new_input(&[8, 256], crate::DType::F32).unwrap();
+        let w = g.new_input(&[256, 256], crate::DType::F32).unwrap();
+        let y = g.matmul(x, w).unwrap();
+        let z = g.unary(crate::UnaryOp::Silu, y).unwrap();
+        g.mark_output(z).unwrap();
+        g
+    }
+
+    fn searched(spec: &DeviceSpec) -> Vec<(String, f64)> {
+        let r = crate::search::search(
+            &small_graph(),
+            spec,
+            &crate::search::SearchConfig::default(),
+            &crate::search::SearchControl::default(),
+        )
+        .unwrap();
+        r.candidates
+            .iter()
+            .map(|c| (c.label.clone(), c.predicted_us))
+            .collect()
+    }
+
+    #[test]
+    fn search_decisions_follow_capabilities_not_vendor_names() {
+        let simt = DeviceSpec::h100();
+        let renamed = DeviceSpec {
+            vendor: "rocm".into(),
+            ..simt.clone()
+        };
+        let found = searched(&simt);
+        assert!(found.len() > 1, "{found:?}");
+        assert_eq!(found, searched(&renamed));
+        // the same figures as a tile machine: the candidates' blocks have one thread
+        let tile = DeviceSpec {
+            execution_model: ExecutionModel::Tile,
+            ..simt.clone()
+        };
+        let threads = |spec: &DeviceSpec| -> Vec<u32> {
+            let r = crate::search::search(
+                &small_graph(),
+                spec,
+                &crate::search::SearchConfig::default(),
+                &crate::search::SearchControl::default(),
+            )
+            .unwrap();
+            r.candidates
+                .iter()
+                .filter(|c| !c.baseline)
+                .flat_map(|c| c.kernel_plan(spec).unwrap().kernels)
+                .filter_map(|k| match k {
+                    crate::plan::PlanKernel::Generated(g) => Some(g.block_threads),
+                    crate::plan::PlanKernel::Library(_) => None,
+                })
+                .collect()
+        };
+        let gpu_threads = threads(&simt);
+        assert!(gpu_threads.iter().all(|&t| t >= 128), "{gpu_threads:?}");
+        let tile_threads = threads(&tile);
+        assert!(!tile_threads.is_empty());
+        assert!(tile_threads.iter().all(|&t| t == 1), "{tile_threads:?}");
+        // the launch overhead alone decides between one fused kernel and the two library
+        // kernels of the baseline
+        assert!(!found[0].0.starts_with("baseline"), "{found:?}");
+        let free_launch = DeviceSpec {
+            launch_overhead_us: Some(0.0),
+            ..simt.clone()
+        };
+        let ranked = searched(&free_launch);
+        assert!(ranked[0].0.starts_with("baseline"), "{ranked:?}");
     }
 
     #[test]

@@ -10,15 +10,15 @@ from __future__ import annotations
 import contextlib
 import enum
 import importlib.metadata
-import json
 import re
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
+from yirage._device_spec import DeviceSpec
 from yirage._errors import BackendUnavailableError, NotImplementedBackendError
 
 __all__ = [
@@ -49,66 +49,6 @@ class VerificationLevel(enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """What the search and cost model know about a device.
-
-    ``shared_mem_per_block`` is the fast on-chip memory one block may use, in bytes (shared
-    memory on NVIDIA/AMD LDS, threadgroup memory on Apple, the unified buffer on Ascend, VMEM
-    on TPU, L1d per core on CPUs). A field is None when the concept does not apply or the
-    figure is not published; ``source`` says whether the figures come from yirage's
-    datasheet table, a live query of the runtime, or both.
-    """
-
-    name: str
-    vendor: str
-    arch: str
-    compute_units: int | None
-    warp_size: int | None
-    max_threads_per_block: int | None
-    shared_mem_per_block: int | None
-    l2_bytes: int | None
-    mem_bandwidth_gbps: float | None
-    peak_tflops_fp16: float | None
-    peak_tflops_fp32: float | None
-    matrix_tile: tuple[int, int, int] | None = None
-    simd_width_bits: int | None = None
-    source: Literal["table", "live", "table+live"] = "table"
-
-    def with_live(self, **live: Any) -> DeviceSpec:
-        """This (table) spec updated with the live-queried fields that are not None."""
-        found = {k: v for k, v in live.items() if v is not None}
-        return replace(self, **found, source="table+live") if found else self
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.matrix_tile is not None:
-            d["matrix_tile"] = list(self.matrix_tile)
-        return d
-
-    def to_json(self) -> str:
-        """Stable JSON (sorted keys)."""
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    def summary(self) -> str:
-        """One line for ``yirage doctor``."""
-        parts = [f"{self.name} ({self.vendor} {self.arch})"]
-        if self.compute_units is not None:
-            parts.append(f"{self.compute_units} compute units")
-        if self.shared_mem_per_block is not None:
-            parts.append(f"{self.shared_mem_per_block // 1024} KiB on-chip per block")
-        if self.l2_bytes is not None:
-            parts.append(f"L2 {self.l2_bytes / 2**20:g} MiB")
-        if self.mem_bandwidth_gbps is not None:
-            parts.append(f"{self.mem_bandwidth_gbps:g} GB/s")
-        if self.peak_tflops_fp16 is not None:
-            parts.append(f"{self.peak_tflops_fp16:g} TFLOPS fp16")
-        if self.simd_width_bits is not None:
-            parts.append(f"SIMD {self.simd_width_bits} bit")
-        parts.append(f"source: {self.source}")
-        return ", ".join(parts)
 
 
 @dataclass(frozen=True)

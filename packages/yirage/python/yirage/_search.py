@@ -278,15 +278,19 @@ def device_spec_json(spec: Any, backend: str | None = None) -> tuple[str, list[s
     """The core's DeviceSpec JSON for ``spec`` (a ``yirage.DeviceSpec``, mapping or JSON)
     and the notes on figures that were missing and filled with estimates.
 
-    ``vendor`` becomes the backend name (``cpu``, ``cuda``, …) when given: the core uses it
-    for per-vendor defaults (single-threaded CPU blocks, launch overheads)."""
+    ``vendor`` becomes the backend name (``cpu``, ``cuda``, …) when given; the core reads
+    ``execution_model`` instead, deriving it from that name only for specs without one."""
     d = _as_dict(spec)
     out: dict[str, Any] = {k: d.get(k) for k in _SPEC_FIELDS}
-    if "launch_overhead_us" in d and d["launch_overhead_us"] is not None:
-        out["launch_overhead_us"] = d["launch_overhead_us"]
+    for key in ("launch_overhead_us", "execution_model"):
+        if d.get(key) is not None:
+            out[key] = d[key]
     vendor = (backend or out.get("vendor") or "unknown").lower()
     out["vendor"] = vendor
-    cpu = vendor == "cpu" or (out.get("warp_size") in (None, 1) and vendor not in _GPU_VENDORS)
+    if "execution_model" in out:
+        cpu = out["execution_model"] == "cpu"
+    else:
+        cpu = vendor == "cpu" or (out.get("warp_size") in (None, 1) and vendor not in _GPU_VENDORS)
     cores = int(out.get("compute_units") or os.cpu_count() or 1)
     lanes = max(1, int(d.get("simd_width_bits") or 256) // 32)
     defaults: dict[str, Any]
