@@ -13,6 +13,7 @@ numpy reference of the *workload* (independent of the plan).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,30 +59,37 @@ def _off(dims: int, **terms: Any) -> list[list[dict[str, Any]]]:
 
 
 class PlanBuilder:
+    """A KernelPlan written op by op; :attr:`plan` is it with the analyses of version 3 made
+    (see :func:`analysed`)."""
+
     def __init__(self, graph_hash: str) -> None:
-        self.plan: dict[str, Any] = {
+        self.raw: dict[str, Any] = {
             "format": "yirage.kernel_plan",
-            "version": 2,
+            "version": 3,
             "graph_hash": graph_hash,
             "buffers": [],
             "kernels": [],
         }
         self.counts = {"input": 0, "output": 0}
 
+    @property
+    def plan(self) -> dict[str, Any]:
+        return analysed(self.raw)
+
     def buf(self, dims: Sequence[int], dtype: str, role: str) -> int:
-        bid = len(self.plan["buffers"])
+        bid = len(self.raw["buffers"])
         entry: dict[str, Any] = {"id": bid, "dims": list(dims), "dtype": dtype, "role": role}
         if role in self.counts:
             entry["index"] = self.counts[role]
             self.counts[role] += 1
-        self.plan["buffers"].append(entry)
+        self.raw["buffers"].append(entry)
         return bid
 
     def dims(self, bid: int) -> list[int]:
-        return list(self.plan["buffers"][bid]["dims"])
+        return list(self.raw["buffers"][bid]["dims"])
 
     def library(self, op: str, inputs: Sequence[int], output: int, **params: Any) -> None:
-        self.plan["kernels"].append(
+        self.raw["kernels"].append(
             {
                 "kind": "library",
                 "op": op,
@@ -93,7 +101,7 @@ class PlanBuilder:
 
     def kernel(self, name: str, grid: Sequence[int], forloop: int, warps: int = 4) -> KernelBuilder:
         kb = KernelBuilder(self, name, grid, forloop, warps)
-        self.plan["kernels"].append(kb.k)
+        self.raw["kernels"].append(kb.k)
         return kb
 
 
@@ -154,7 +162,7 @@ class KernelBuilder:
                 "width": width,
             }
         self.k["inputs"].append(entry)
-        itemsize = 2 if self.pb.plan["buffers"][bid]["dtype"] != "float32" else 4
+        itemsize = 2 if self.pb.raw["buffers"][bid]["dtype"] != "float32" else 4
         self.k["smem_bytes"] += math.prod(tile) * itemsize
         return self._add({"op": "input", "input": idx, "dims": list(tile), "phase": phase})
 
@@ -250,6 +258,91 @@ class KernelBuilder:
 
     def shift_carry(self, inputs: Sequence[int], accums: Sequence[int]) -> None:
         self.k["shift_carry"] = {"inputs": list(inputs), "accums": list(accums)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the analyses of KernelPlan version 3, made as the core's lowering makes them
+# (crates/yirage-core/src/plan/analysis.rs), for H100 (132 SMs)
+
+H100_UNITS = 132
+MAX_LOOP_SPLIT = 16
+
+
+def analysed(raw: dict[str, Any], units: int = H100_UNITS) -> dict[str, Any]:
+    """A copy of ``raw`` with loop-invariant ops hoisted to ``pre``, ``accumulate_into``,
+    safe-softmax ``rescale`` degrees and each generated kernel's ``loop_split``."""
+    plan = copy.deepcopy(raw)
+    for k in plan["kernels"]:
+        if k["kind"] == "generated":
+            _hoist(k)
+            _fuse(k)
+            for g in k["safe_softmax"]:
+                g["rescale"] = _rescale(k, g)
+            k["loop_split"] = _loop_split(k, units)
+    return plan
+
+
+def _walks(io: dict[str, Any]) -> bool:
+    return any(t["var"] == "iter" for terms in io["offsets"] for t in terms)
+
+
+def _hoist(k: dict[str, Any]) -> None:
+    """Loads that do not walk the loop, and loop ops of ``pre`` values only, are ``pre``."""
+    phase: dict[int, str] = {}
+    for o in k["ops"]:
+        if o["op"] == "input":
+            o["phase"] = "loop" if _walks(k["inputs"][o["input"]]) else "pre"
+        elif o["phase"] == "loop" and all(phase[a] == "pre" for a in o["args"]):
+            o["phase"] = "pre"
+        phase[o["id"]] = o["phase"]
+
+
+def _fuse(k: dict[str, Any]) -> None:
+    """A loop matmul read only by an ``iter`` accumulator of its dims adds into it."""
+    stored = {s["src"] for s in k["outputs"]}
+    for m in k["ops"]:
+        if m["op"] != "matmul" or m["phase"] != "loop" or m["id"] in stored:
+            continue
+        readers = [o for o in k["ops"] if m["id"] in o.get("args", [])]
+        if len(readers) == 1:
+            acc = readers[0]
+            if acc["op"] == "accum" and acc["acc"] == "iter" and acc["dims"] == m["dims"]:
+                m["accumulate_into"] = acc["id"]
+
+
+def _rescale(k: dict[str, Any], group: dict[str, Any]) -> list[dict[str, int]]:
+    """Each accumulator of the group with the power of exp(-m) it holds (none when the exp
+    is hoisted: its max is fixed)."""
+    ops = {o["id"]: o for o in k["ops"]}
+    if ops[group["exp"]]["phase"] == "pre":
+        return []
+    degree: dict[int, int] = {}
+    for o in k["ops"]:
+        args = [degree[a] for a in o.get("args", [])]
+        if o["id"] == group["exp"]:
+            d = 1
+        elif o["op"] == "matmul" or (o["op"] == "binary" and o["binop"] == "mul"):
+            d = sum(args)
+        elif o["op"] == "binary" and o["binop"] == "div":
+            d = args[0] - args[1]
+        else:
+            d = max(args, default=0)
+        degree[o["id"]] = d
+    return [{"accum": a, "degree": degree[a]} for a in group["accums"] if degree[a]]
+
+
+def _loop_split(k: dict[str, Any], units: int) -> int:
+    """Ways to split a loop streaming into accumulators so every unit gets two blocks."""
+    streams = any(o["op"] == "accum" for o in k["ops"]) and any(map(_walks, k["inputs"]))
+    if not streams:
+        return 1
+    blocks = math.prod(k["grid"])
+    split = 1
+    while blocks * split < 2 * units and split * 2 <= MAX_LOOP_SPLIT:
+        if k["forloop_range"] % (split * 2):
+            break
+        split *= 2
+    return split
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import yirage_triton
 from yirage.plan import CodegenError, parse_plan
 from yirage_cuda import _toolchain
 from yirage_cuda._cuda_codegen import CudaCppOptions, generate_cuda
-from yirage_triton import TritonOptions, generate_triton, loop_split
+from yirage_triton import TritonOptions, generate_triton
 
 SMALL = [c for dt in ("float32", "float16", "bfloat16") for c in plans.small_cases(dt)]
 TARGETS = plans.target_cases("float16") + plans.target_cases("bfloat16")[:1]
@@ -48,7 +48,7 @@ def test_triton_kernels_compile_for_sm90(case: plans.Case) -> None:
 SPLIT_TARGETS = [
     c
     for c in plans.target_cases("float16")
-    if any(loop_split(k, 132) > 1 for k in parse_plan(c.plan).generated)
+    if any(k.loop_split > 1 for k in parse_plan(c.plan).generated)
 ]
 
 
@@ -59,7 +59,7 @@ def test_split_kernels_compile_for_sm90(case: plans.Case) -> None:
     H100's 132 SMs: parts, arrival counter and the in-kernel combine) compile too, and so
     does the scaled-dot printing where it differs (qknorm_gqa)."""
     plan = parse_plan(case.plan)
-    splits = tuple((k.name, s) for k in plan.generated if (s := loop_split(k, 132)) > 1)
+    splits = tuple((k.name, k.loop_split) for k in plan.generated if k.loop_split > 1)
     texts: set[str] = set()
     for scaled in (False, True):
         opts = TritonOptions(smem_limit=227 * 1024, split_loop=splits, scale_after_dot=scaled)

@@ -58,7 +58,8 @@ _DELETE = object()
 
 BAD = [
     ("format", "something.else", "format"),
-    ("version", 3, "version 3 is not supported"),
+    ("version", 4, "version 4 is not supported"),
+    ("version", 2, "version 2 lacks the analyses"),
     ("buffers.0.dtype", "float64", "dtype 'float64'"),
     ("buffers.0.role", "weird", "role 'weird'"),
     ("kernels.0.kind", "magic", "kind 'magic'"),

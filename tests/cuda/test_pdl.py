@@ -17,7 +17,7 @@ from conftest import needs_triton
 import yirage_triton
 from yirage.plan import parse_plan
 from yirage_cuda import CudaBackend, _backend, _toolchain
-from yirage_triton import TritonOptions, generate_triton, loop_split
+from yirage_triton import TritonOptions, generate_triton
 
 TARGETS = plans.target_cases("float16")
 WAIT = "tl.extra.cuda.gdc_wait()"
@@ -27,7 +27,7 @@ RELEASE = "tl.extra.cuda.gdc_launch_dependents()"
 def _printings(case: plans.Case, pdl: bool) -> list[TritonOptions]:
     """The plain printing and, where the backend splits a loop, both split printings."""
     plan = parse_plan(case.plan)
-    splits = tuple((k.name, s) for k in plan.generated if (s := loop_split(k, 132)) > 1)
+    splits = tuple((k.name, k.loop_split) for k in plan.generated if k.loop_split > 1)
     out = [TritonOptions(pdl=pdl)]
     if splits:
         out.append(TritonOptions(pdl=pdl, split_loop=splits))

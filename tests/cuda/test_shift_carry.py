@@ -129,8 +129,8 @@ def test_cuda_cpp_emulation_of_shifted_partials(interp: Any, combine: str) -> No
 
 @needs_triton
 def test_plan_checks_of_the_shift_fields() -> None:
-    """The plan reader refuses a version-1 plan with shifted outputs (it un-shifted them),
-    a shifted input without its shift_carry, and maxima that do not cover the input tile."""
+    """The plan reader refuses a version-1 plan (it lacks the analyses of version 3), a
+    shifted input without its shift_carry, and maxima that do not cover the input tile."""
     import copy
 
     from yirage.plan import PlanError, parse_plan

@@ -111,23 +111,36 @@ def test_split_rejects_a_split_that_does_not_divide_the_loop() -> None:
         _backend((("attn", 3),)).codegen(case.plan)
 
 
-def test_loop_split_heuristic() -> None:
-    from yirage.plan import parse_plan
-    from yirage_triton import loop_split
+def test_fixture_analyses_are_the_cores() -> None:
+    """The fixtures' version-3 analyses (plans.analysed: hoisted phases, accumulate_into,
+    rescale degrees, loop_split for 132 SMs) are the core's: re-made on the core's own plans
+    of searched candidates, they change nothing."""
+    from _search_graphs import H100, attention, gated_mlp, plan_of, rmsnorm_linear, search
 
-    # rmsnorm_linear at the H100 shape: few blocks, a long loop → split until ≥ 2 blocks/SM
+    splits = []
+    for g in (rmsnorm_linear(), gated_mlp(), attention(b=2, m=16, d=64, n=4096)):
+        for c in search(g, device_spec=H100, cache=False, top_k=8).candidates:
+            plan = plan_of(c)
+            assert plans.analysed(plan) == plan, c.label
+            splits += [k["loop_split"] for k in plan["kernels"] if k["kind"] == "generated"]
+    assert max(splits) > 1 and min(splits) == 1, splits
+
+
+def test_the_split_printing_is_the_plans_loop_split() -> None:
+    """The backend prints "triton_split" as many ways as the plan's ``loop_split`` says (the
+    core decides it, one rule and one cap), and no split printing where it says 1."""
+    from yirage_cuda import CudaBackend
+
     big = plans.rmsnorm_linear(b=8, h=4096, n=6144, tn=128, tk=64, dtype="float16")
-    (k,) = parse_plan(big.plan).generated
-    blocks = k.grid[0] * k.grid[1] * k.grid[2]
-    s = loop_split(k, sm_count=132)
-    assert s > 1 and blocks * s >= 2 * 132 and k.forloop_range % s == 0
-    assert blocks * (s // 2) < 2 * 132  # the smallest such power of two
-    # enough blocks already: no split
-    assert loop_split(k, sm_count=max(1, blocks // 2)) == 1
-    # a cap on the split (MAX_SPLIT unless given), and only splits that divide the loop
-    assert loop_split(k, sm_count=10**6) == 16
-    assert loop_split(k, sm_count=10**6, max_split=4) == 4
-    assert loop_split(k, sm_count=10**6, max_split=1024) == k.forloop_range
+    (k,) = [k for k in big.plan["kernels"] if k["kind"] == "generated"]
+    assert k["loop_split"] == 8  # 48 blocks: 8 parts give 2 per SM of 132
+    be = CudaBackend(interpret=True, cuda_cpp=False)
+    for split in (2, 4, 8):
+        k["loop_split"] = split
+        src = be.codegen(big.plan)
+        assert _kernels_table(src.triton_variants["triton_split"].text)["rms_mm"]["split"] == split
+    k["loop_split"] = 1
+    assert "triton_split" not in be.codegen(big.plan).triton_variants
 
 
 def _kernels_table(text: str) -> dict[str, dict[str, Any]]:
@@ -202,14 +215,14 @@ def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
     without a normalised dot operand gets no scaled printing). The interpreter prints only
     the split."""
     from yirage_cuda import CudaBackend
-    from yirage_triton import DEEP_STAGES, DEFAULT_STAGES, MAX_SPLIT
+    from yirage_triton import DEEP_STAGES, DEFAULT_STAGES
 
     mlp = plans.gated_mlp(b=8, h=4096, n=4096, tn=512, tk=16, dtype="float16")
     src = CudaBackend(cuda_cpp=False).codegen(mlp.plan)
     tables = {n: _kernels_table(v.text) for n, v in src.triton_variants.items()}
     assert set(tables) == {"triton_split", "triton_split_half", "triton_deep", "triton_split_deep"}
-    # 8 blocks: 2 per SM of 132 would take 33 parts; the printer stops at MAX_SPLIT (16)
-    assert tables["triton_split"]["gated_mlp"]["split"] == MAX_SPLIT == 16
+    # 8 blocks: 2 per SM of 132 would take 33 parts; the core's split stops at 16
+    assert tables["triton_split"]["gated_mlp"]["split"] == 16
     assert tables["triton_split_half"]["gated_mlp"]["split"] == 8
     assert tables["triton_deep"]["gated_mlp"]["num_stages"] == DEEP_STAGES
     assert len({v.text for v in src.triton_variants.values()} | {src.triton.text}) == 5

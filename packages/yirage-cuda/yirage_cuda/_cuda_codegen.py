@@ -261,8 +261,13 @@ class _CudaKernelPrinter:
         self.group_of_exp = {g.exp: i for i, g in enumerate(k.safe_softmax)}
         self.groups_of_acc: dict[int, list[int]] = {}
         for i, g in enumerate(k.safe_softmax):
-            for a in g.accums:
-                self.groups_of_acc.setdefault(a, []).append(i)
+            for r in g.rescale:  # the plan's rescale degrees
+                if r.degree != 1:
+                    raise CodegenError(
+                        f"kernel {k.name!r}: accumulator {r.accum} holds exp(-m)**{r.degree}; "
+                        "this printer rescales accumulators of degree 1 only"
+                    )
+                self.groups_of_acc.setdefault(r.accum, []).append(i)
         # the shift carry: one more running-max group, numbered after the safe-softmax ones
         self.carry_gi = len(k.safe_softmax)
         self.carry_loads = [

@@ -16,11 +16,9 @@ from yirage_triton._codegen import (
     CODEGEN_VERSION,
     DEEP_STAGES,
     DEFAULT_STAGES,
-    MAX_SPLIT,
     TritonOptions,
     TritonSource,
     generate_triton,
-    loop_split,
 )
 from yirage_triton._host import TORCH_DTYPE, fmt_float, launcher_lines, library_lines
 from yirage_triton._runtime import (
@@ -56,7 +54,6 @@ __all__ = [
     "CODEGEN_VERSION",
     "DEEP_STAGES",
     "DEFAULT_STAGES",
-    "MAX_SPLIT",
     "MODULE_CACHE",
     "TORCH_DTYPE",
     "VARIANT_FAMILIES",
@@ -83,7 +80,6 @@ __all__ = [
     "launcher_lines",
     "library_lines",
     "load_triton_module",
-    "loop_split",
     "loop_subtile",
     "matmul_fp32",
     "pin_triton_defaults",

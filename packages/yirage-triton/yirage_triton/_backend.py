@@ -4,8 +4,8 @@ any :class:`~yirage_triton.TritonTarget`.
 ``codegen`` prints a KernelPlan as Triton ("triton") and, per the target's variant families,
 as further printings of the same plan (:meth:`TritonBackend.printings`): the for-loops of
 kernels that leave compute units idle split across extra blocks, the last part of each block
-combining the parts ("triton_split", split-K / flash-decoding, when some kernel qualifies:
-:func:`~yirage_triton.loop_split`), split half and a quarter as many ways, with deeper
+combining the parts ("triton_split", split-K / flash-decoding, as many ways as the plan's
+``loop_split`` of each kernel says), split half and a quarter as many ways, with deeper
 pipelines, with finer loop chunks, and with a normalised dot operand multiplied raw and the
 product scaled. ``compile`` writes every module into the cache; ``load`` returns a
 :class:`TritonKernel` holding a launcher per printing; :meth:`TritonBackend.variants` hands
@@ -41,7 +41,7 @@ from yirage.plugin import (
     get_logger,
 )
 from yirage_triton import _toolchain
-from yirage_triton._codegen import TritonOptions, TritonSource, generate_triton, loop_split
+from yirage_triton._codegen import TritonOptions, TritonSource, generate_triton
 from yirage_triton._runtime import (
     Launcher,
     ProfileResult,
@@ -291,10 +291,11 @@ class TritonBackend(Backend):
         t, live = self.target, not self.interpret
         attention = any(k.safe_softmax for k in plan.generated)
         units = self.compute_units()
+        # the core decides each kernel's split (KernelPlan ``loop_split``, one rule and cap)
         splits = tuple(
-            (k.name, s)
+            (k.name, k.loop_split)
             for k in plan.generated
-            if (s := loop_split(k, units)) > 1 and not topts.split_loop
+            if k.loop_split > 1 and not topts.split_loop
         )
         out: dict[str, TritonOptions] = {}
         if splits and t.tries("split"):

@@ -29,8 +29,8 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
   dtype first (or, for fp32 graphs, multiplied with ``input_precision`` from the options).
 * Phases: ``pre`` ops and loop-invariant loads are hoisted before the loop, ``loop`` ops and
   accumulator updates run in ``tl.range(0, forloop_range, num_stages=NUM_STAGES)``,
-  ``epilogue`` ops and the stores after it. A matmul whose only consumer is an ``iter``
-  accumulator is fused into ``tl.dot(a, b, acc)``.
+  ``epilogue`` ops and the stores after it. A matmul the plan marks ``accumulate_into`` an
+  ``iter`` accumulator is fused into ``tl.dot(a, b, acc)``.
 * ``safe_softmax`` groups keep a running row max ``m``, compute ``exp(x - m)`` and rescale
   their accumulators by ``exp(m_old - m_new)``; outputs listed in ``scale_outputs`` are
   stored shifted and ``m`` is stored at the group's ``shift_store``.
@@ -61,7 +61,7 @@ from yirage_triton._host import fmt_float as _fmt_float
 from yirage_triton._host import launcher_lines
 from yirage_triton._subtile import subtile_kernel
 
-__all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton", "loop_split"]
+__all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
 CODEGEN_VERSION = "triton-12"
@@ -89,7 +89,7 @@ class TritonOptions:
     tiles as fp32 (the Triton interpreter's ``tl.dot`` is wrong on bfloat16 operands in
     Triton 3.9, so the interpreter backend sets it; GPUs never need it). ``split_loop``:
     (kernel name, S) pairs; such a kernel is printed as a part kernel running 1/S of its
-    for-loop in S times as many blocks (see :func:`loop_split`) whose last part per block
+    for-loop in S times as many blocks (the plan's ``loop_split``) whose last part per block
     combines the parts, or with ``last_block_combine`` off a separate combine kernel does.
     ``scale_after_dot``: a matmul operand divided by a vector that is constant along the
     contracted dim (qknorm's K tile over its row norms) is multiplied raw and the product
@@ -265,8 +265,13 @@ class _KernelPrinter:
         self.group_of_exp = {g.exp: i for i, g in enumerate(k.safe_softmax)}
         self.groups_of_acc: dict[int, list[int]] = {}
         for i, g in enumerate(k.safe_softmax):
-            for a in g.accums:
-                self.groups_of_acc.setdefault(a, []).append(i)
+            for r in g.rescale:  # the plan's rescale degrees
+                if r.degree != 1:
+                    raise CodegenError(
+                        f"kernel {k.name!r}: accumulator {r.accum} holds exp(-m)**{r.degree}; "
+                        "this printer rescales accumulators of degree 1 only"
+                    )
+                self.groups_of_acc.setdefault(r.accum, []).append(i)
         # the shift carry is one more running-max group, numbered after the safe-softmax ones
         self.carry_gi = len(k.safe_softmax)
         self.carry_loads = [
@@ -285,18 +290,10 @@ class _KernelPrinter:
             if acc.buffer not in self.params:
                 self.params.append(acc.buffer)
         self.invariant = self.k.invariant_ops()
-        self.fused: dict[int, int] = {}  # accum id -> matmul id fused into tl.dot(a, b, acc)
-        for o in k.ops:
-            if o.op == "accum" and o.attr("acc") == "iter":
-                src = self.by_id[o.args[0]]
-                if (
-                    src.op == "matmul"
-                    and src.phase == "loop"
-                    and src.id not in self.invariant
-                    and [c.id for c in k.consumers(src.id)] == [o.id]
-                    and self.pdims[src.id] == self.pdims[o.id]
-                ):
-                    self.fused[o.id] = src.id
+        # accum id -> matmul id fused into tl.dot(a, b, acc) (the plan's accumulate_into)
+        self.fused = {
+            acc: mm for acc, mm in k.fused_accums().items() if self.pdims[mm] == self.pdims[acc]
+        }
         self.fused_mm = set(self.fused.values())
         self.scaled = self._scaled_after_dot() if opts.scale_after_dot else {}
         self.absorbed = {div for div, _, _ in self.scaled.values()}
@@ -1334,33 +1331,6 @@ _HELPERS = {
         "    return tl.where(y == 0.0, 1.0, r)",
     ]
 }
-
-
-#: Most ways :func:`loop_split` splits a loop. The core's cost model charges up to 32
-#: (``GPU_MAX_SPLIT``), which ranks the candidates well; the printer stops at 16: on the H100
-#: every 16-block kernel measured (GQA decode, QK-norm attention, fused LoRA) ran faster
-#: split 16 ways than 32, and a 32-part kernel's unrolled combine took 4-5 s of the Triton
-#: compile (2-2.7 s at 16 parts), the longest of a cold superoptimize's compiles.
-MAX_SPLIT = 16
-
-
-def loop_split(k: GeneratedKernel, sm_count: int, max_split: int = MAX_SPLIT) -> int:
-    """How many ways to split ``k``'s for-loop across extra blocks (1: do not split).
-
-    A kernel whose grid leaves SMs idle (fewer than two blocks per SM) and whose loop streams
-    tiles into accumulators is split — like split-K GEMMs and flash-decoding — into the
-    smallest power of two dividing the loop that gives at least two blocks per SM, at most
-    ``max_split`` (the core's ``yirage_core::cost::gpu_loop_split``, up to 32)."""
-    if not any(o.op == "accum" for o in k.ops) or not any(a.uses_iter() for a in k.inputs):
-        return 1
-    blocks = k.blocks
-    split = 1
-    while blocks * split < 2 * sm_count and split * 2 <= max_split:
-        nxt = split * 2
-        if k.forloop_range % nxt:
-            break
-        split = nxt
-    return split
 
 
 def generate_triton(plan: object, options: TritonOptions | None = None) -> TritonSource:
