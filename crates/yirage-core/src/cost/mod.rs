@@ -130,8 +130,11 @@ pub const GPU_COALESCE_BYTES: f64 = 64.0;
 /// 18.9-19.0 µs against 19.3-19.6 over 128 SMs (48-column tiles): 73% of the units
 /// saturate DRAM.
 pub const GPU_UNIT_SHARE: f64 = 1.4;
-/// GPU: most ways a for-loop is split across blocks (see [`gpu_loop_split`]).
-pub const GPU_MAX_SPLIT: u32 = 32;
+/// GPU: most ways a for-loop is split across blocks (see [`gpu_loop_split`]), the one cap of
+/// the cost model and the plan's `loop_split`. On the H100 every 16-block kernel measured (GQA
+/// decode, QK-norm attention, fused LoRA) ran faster split 16 ways than 32, and a 32-part
+/// kernel's unrolled combine doubled its Triton compile time.
+pub const GPU_MAX_SPLIT: u32 = 16;
 /// GPU: time of a split kernel's combine step (µs), run at the tail by the last part of
 /// each block to finish.
 pub const GPU_COMBINE_US: f64 = 1.0;
@@ -221,7 +224,8 @@ pub fn tile_efficiency(spec: &DeviceSpec, m: u64, n: u64, k: u64) -> f64 {
 
 /// Loop split a GPU code generator applies to a generated kernel (1: none): the smallest
 /// power of two ≤ [`GPU_MAX_SPLIT`] dividing the for-loop that gives every unit two blocks,
-/// as the CUDA backend's split-loop variant does (split-K, flash-decoding). The profiler
+/// as a GPU printer's split-loop variant does (split-K, flash-decoding); the lowering emits
+/// it as the plan's `loop_split` ([`crate::plan::loop_split`]). The profiler
 /// keeps the split variant only where it wins, so the model charges the cheaper of both.
 pub fn gpu_loop_split(spec: &DeviceSpec, blocks: u64, forloop: u32) -> u32 {
     let target = 2 * spec.compute_units as u64;
@@ -239,7 +243,8 @@ pub fn gpu_loop_split(spec: &DeviceSpec, blocks: u64, forloop: u32) -> u32 {
 /// Predicted cost of one kernel.
 pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
     let base = kernel_cost_split(spec, p, 1);
-    if !spec.is_streaming_gpu() || p.library || p.blocks == 0 || p.forloop < 2 {
+    let streams = p.reads.iter().any(|r| !r.once);
+    if !spec.is_streaming_gpu() || p.library || p.blocks == 0 || p.forloop < 2 || !streams {
         return base;
     }
     let split = gpu_loop_split(spec, p.blocks, p.forloop);
@@ -890,8 +895,10 @@ mod tests {
     #[test]
     fn loop_split_fills_idle_units() {
         let spec = DeviceSpec::h100();
-        // 16 blocks (GQA decode: batch × kv heads) over 132 units: split 32 ways (512 ≥ 264)
-        assert_eq!(gpu_loop_split(&spec, 16, 64), 32);
+        // 16 blocks (GQA decode: batch × kv heads) over 132 units want 32 parts (512 ≥ 264):
+        // capped at 16
+        assert_eq!(gpu_loop_split(&spec, 16, 64), GPU_MAX_SPLIT);
+        assert_eq!(GPU_MAX_SPLIT, 16);
         // capped by what divides the loop
         assert_eq!(gpu_loop_split(&spec, 16, 8), 8);
         assert_eq!(gpu_loop_split(&spec, 16, 12), 4);
@@ -917,10 +924,17 @@ mod tests {
         assert!(split.total_us < unsplit.total_us / 4.0);
         // one launch: the last part of each block combines in the same kernel
         assert_eq!(split.launch_us, spec.launch_us());
-        let split_only = kernel_cost_split(&spec, &attention(64), 32);
+        let split_only = kernel_cost_split(&spec, &attention(64), GPU_MAX_SPLIT);
         assert!(split.total_us >= split_only.total_us + GPU_COMBINE_US);
         let no_loop = kernel_cost(&spec, &attention(1));
         assert_eq!(no_loop, kernel_cost_split(&spec, &attention(1), 1));
+        // a loop that walks no input streams nothing: not split (as the plan's loop_split)
+        let mut resident = attention(64);
+        resident.reads[0].once = true;
+        assert_eq!(
+            kernel_cost(&spec, &resident),
+            kernel_cost_split(&spec, &resident, 1)
+        );
         // 32-byte rows cost twice the bytes of 128-byte rows on the GPU, the same on the CPU
         let mut narrow = attention(64);
         narrow.reads[0].run_bytes = 32.0;

@@ -8,16 +8,11 @@
 //! * **rescale degrees** (`rescale` of a safe-softmax group) come from the group's shift
 //!   degrees ([`super::safe_softmax_groups`]); a hoisted exp's max is fixed, so its group
 //!   rescales nothing;
-//! * **the loop split** ([`loop_split`]): one rule and one cap for the cost model and every
-//!   GPU printer.
+//! * **the loop split** ([`loop_split`]): the cost model's rule and cap
+//!   ([`crate::cost::gpu_loop_split`]), applied once for every GPU printer.
 
 use super::{GeneratedKernel, TileIo};
-use crate::cost::DeviceSpec;
-
-/// Most ways a for-loop is split across blocks. On the H100 every 16-block kernel measured
-/// (GQA decode, QK-norm attention, fused LoRA) ran faster split 16 ways than 32, and a
-/// 32-part kernel's unrolled combine doubled its Triton compile time.
-pub const MAX_LOOP_SPLIT: u32 = 16;
+use crate::cost::{gpu_loop_split, DeviceSpec};
 
 /// Fill in the analysed fields of a lowered kernel (its phases are already hoisted).
 pub(super) fn analyse(k: &mut GeneratedKernel, spec: &DeviceSpec) {
@@ -77,31 +72,15 @@ fn walks_loop(io: &TileIo) -> bool {
 
 /// Ways a GPU printer splits `k`'s for-loop across extra blocks (1: not split), like
 /// split-K GEMMs and flash-decoding: on a streaming GPU, a kernel whose loop streams tiles
-/// into accumulators and whose grid leaves units idle (fewer than two blocks per unit) is
-/// split into the smallest power of two dividing the loop that gives every unit two blocks,
-/// at most [`MAX_LOOP_SPLIT`]. The cost model charges the same split
-/// ([`crate::cost::gpu_loop_split`]).
+/// into accumulators and whose grid leaves units idle is split as
+/// [`crate::cost::gpu_loop_split`] says, the rule and cap the cost model charges too.
 pub fn loop_split(k: &GeneratedKernel, spec: &DeviceSpec) -> u32 {
     let streams = k.ops.iter().any(|o| o.op == "accum") && k.inputs.iter().any(walks_loop);
     if !spec.is_streaming_gpu() || !streams {
         return 1;
     }
     let blocks: u64 = k.grid.iter().map(|&g| g as u64).product();
-    split_for(spec, blocks, k.forloop_range)
-}
-
-/// The split of a loop of `forloop` iterations over `blocks` blocks (see [`loop_split`]).
-pub(crate) fn split_for(spec: &DeviceSpec, blocks: u64, forloop: u32) -> u32 {
-    let target = 2 * spec.compute_units as u64;
-    let mut split = 1u32;
-    while blocks * (split as u64) < target && split * 2 <= MAX_LOOP_SPLIT {
-        let next = split * 2;
-        if forloop % next != 0 {
-            break;
-        }
-        split = next;
-    }
-    split
+    gpu_loop_split(spec, blocks, k.forloop_range)
 }
 
 #[cfg(test)]
@@ -109,6 +88,7 @@ mod tests {
     use super::super::{lower, KernelPlan, PlanKernel};
     use super::*;
     use crate::block_graph::BlockGraph;
+    use crate::cost::GPU_MAX_SPLIT;
     use crate::dtype::DType;
     use crate::kernel_graph::KernelGraph;
     use crate::ops::{AccumKind, BinaryOp, UnaryOp};
@@ -315,7 +295,7 @@ mod tests {
         assert_eq!(split(132, 64), 2);
         assert_eq!(split(264, 64), 1); // two blocks per SM already
         assert_eq!(split(16, 3), 1); // no power of two divides the loop
-        assert_eq!(split_for(&h100, 1, 1 << 20), MAX_LOOP_SPLIT);
+        assert_eq!(gpu_loop_split(&h100, 1, 1 << 20), GPU_MAX_SPLIT);
         // the CPU runs blocks as tasks: never split
         let plan = lower(&linear(16, 64, false), &DeviceSpec::cpu2()).unwrap();
         assert_eq!(only_kernel(&plan).loop_split, 1);

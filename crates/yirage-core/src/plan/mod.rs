@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 mod analysis;
-pub use analysis::{loop_split, MAX_LOOP_SPLIT};
+pub use analysis::loop_split;
 mod exp_shift;
 pub use exp_shift::{exp_shifts, unsafe_exp_into_kernel};
 mod shift_carry;
