@@ -1088,6 +1088,9 @@ mod tests {
         };
         assert_eq!(k.grid, [48, 1, 1]);
         assert_eq!(k.warps, 4);
+        // 48 blocks on 132 SMs: 8 parts give two blocks per SM (the documented loop_split)
+        assert_eq!(k.loop_split, 8);
+        assert_eq!(k.ops[2].accumulate_into, Some(3));
         assert_eq!(k.inputs[0].tile, vec![8, 32]);
         assert_eq!(
             k.inputs[1].offsets[1],
