@@ -97,6 +97,7 @@ class _Cand:
         self._plan = plan
         self.predicted_us = predicted
         self.hash = plan["graph_hash"]
+        self.baseline = plan["graph_hash"] == "baseline"  # as the search marks its baseline
 
     def kernel_plan(self) -> Any:
         text = json.dumps(self._plan)
@@ -506,7 +507,9 @@ def test_check_inputs_drawn_on_the_device(monkeypatch: pytest.MonkeyPatch) -> No
     g = _rms_graph()
     k1 = superoptimize(g, backend="cpu", profile_options=FAST_PROFILE, cache_noisy=True)
     assert k1.report.max_rel_err is not None and k1.report.max_rel_err <= 1e-4
-    assert not numpy_draws and len(draws.calls) == 1 and len(evaluated) == 1
+    assert (
+        not numpy_draws and len(draws.calls) == 1 and len(evaluated) == 2
+    )  # the check inputs, the extremes set
     thread, specs = draws.calls[0]
     assert thread == threading.current_thread().name
     assert [s[0] for s in specs] == [(8, 512), (512, 768)]
@@ -515,16 +518,16 @@ def test_check_inputs_drawn_on_the_device(monkeypatch: pytest.MonkeyPatch) -> No
     assert specs[0][3] != specs[1][3]
 
     k2 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
-    assert k2.report.from_cache and len(evaluated) == 1  # the stored reference served
+    assert k2.report.from_cache and len(evaluated) == 2  # the stored reference served
     assert draws.calls[1][1] == specs and k2.report.check_seed == k1.report.check_seed
 
     draws.tag = "test-generator-2"  # stored for another generator: evaluated afresh
     k3 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
-    assert k3.report.from_cache and len(evaluated) == 2 and len(calls) == 1
+    assert k3.report.from_cache and len(evaluated) == 3 and len(calls) == 1
 
     draws.tag, draws.shift = "test-generator-1", 0.5  # same name, other values
     k4 = superoptimize(_rms_graph(), backend="cpu", profile_options=FAST_PROFILE)
-    assert k4.report.from_cache and len(evaluated) == 3 and len(calls) == 1
+    assert k4.report.from_cache and len(evaluated) == 4 and len(calls) == 1
     assert k4.report.max_rel_err is not None and k4.report.max_rel_err <= 1e-4
 
 

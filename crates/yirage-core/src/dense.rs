@@ -329,9 +329,23 @@ pub fn rms_norm<D: Domain>(
     }
 }
 
-/// `exp(x) / Σ_dim exp(x)`.
+/// `exp(x) / Σ_dim exp(x)`, computed as `exp(x − m) / Σ_dim exp(x − m)` with each row's
+/// [`Domain::softmax_shift`] `m` where the domain has one.
 pub fn softmax<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize) -> Dense<D::V> {
-    let e = unary(d, UnaryOp::Exp, x);
+    let (outer, len, inner) = around(&x.dims, dim);
+    let mut shifted = x.clone();
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |l: usize| o * len * inner + l * inner + i;
+            let Some(m) = d.softmax_shift(&mut (0..len).map(|l| x.data[at(l)])) else {
+                continue;
+            };
+            for l in 0..len {
+                shifted.data[at(l)] = d.binary(BinaryOp::Sub, x.data[at(l)], m);
+            }
+        }
+    }
+    let e = unary(d, UnaryOp::Exp, &shifted);
     let s = reduce_sum(d, &e, dim);
     binary_with::<D>(&e, &s, |a, b| d.div(a, b))
 }
@@ -470,6 +484,16 @@ mod tests {
         assert_eq!(r.data, vec![3. / s, 4. / s]);
         let sm = softmax(&d, &t(&[1, 2], &[0., 0.]), 1);
         assert_eq!(sm.data, vec![0.5, 0.5]);
+        // past exp's range the row max is subtracted first; a row without finite values
+        // keeps the plain formula (NaN, as exp(inf)/inf)
+        let sm = softmax(
+            &d,
+            &t(&[2, 2], &[1000., 1000. + 2f64.ln(), f64::INFINITY, 0.]),
+            1,
+        );
+        assert!((sm.data[0] - 1. / 3.).abs() < 1e-12 && (sm.data[1] - 2. / 3.).abs() < 1e-12);
+        assert_eq!(sm.data[3], 0.0);
+        assert!(sm.data[2].is_nan());
         // batched matmul
         let a3 = t(&[2, 1, 2], &[1., 2., 3., 4.]);
         let b3 = t(&[2, 2, 1], &[1., 1., 2., 0.5]);

@@ -44,6 +44,15 @@ pub trait Domain: Sync {
     }
     /// An elementwise binary op.
     fn binary(&self, op: BinaryOp, a: Self::V, b: Self::V) -> Self::V;
+    /// The value a softmax subtracts from one row before its exp (`exp(x − m)` cancels in the
+    /// ratio): the row's largest finite value in float64, so a row whose largest logit passes
+    /// exp's range (709.8) still has the finite softmax it has mathematically. None (the
+    /// default, and for a row without a finite value): nothing is subtracted; the field has no
+    /// order, and its fingerprints must stay those of the plain `exp(x) / Σ exp(x)`.
+    fn softmax_shift(&self, row: &mut dyn Iterator<Item = Self::V>) -> Option<Self::V> {
+        let _ = row;
+        None
+    }
     /// Whether `a / b` is exactly `a · recip(b)` here (the field; not f64, which rounds),
     /// so a broadcast divisor can be inverted once per element.
     fn divides_by_reciprocal(&self) -> bool {

@@ -115,6 +115,9 @@ impl Domain for F64 {
             BinaryOp::Pow => a.powf(b),
         }
     }
+    fn softmax_shift(&self, row: &mut dyn Iterator<Item = f64>) -> Option<f64> {
+        row.filter(|v| v.is_finite()).reduce(f64::max)
+    }
 }
 
 /// Evaluate `graph` in float64 on `inputs` (one per graph input, matching dims).

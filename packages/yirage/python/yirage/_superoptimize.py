@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from yirage import _collectives, _decision, _race, _search, _stress
 from yirage._backend import Backend
 from yirage._check import (
@@ -239,7 +241,7 @@ def superoptimize(
         tensors = arrays_to_backend(be, graph, shapes, arrays.result())
     ref_future = _in_background(reference_outputs, graph, shapes, tensors) if check else None
     stress_future = (
-        _in_background(_exp_stress_set, graph, shapes, tensors)
+        _in_background(_stress_sets, graph, shapes, tensors, seed)
         if check and run.world_size == 1
         else None
     )
@@ -252,8 +254,8 @@ def superoptimize(
     if stress_future is not None:
         tc = time.perf_counter()
         baseline = {i for i, c in enumerate(to_build) if _is_baseline(c)}
-        stress = stress_future.result()
-        passing = _stress_check(be, graph, stress, passing, baseline, run.report)
+        for stress in stress_future.result():
+            passing = _stress_check(be, graph, stress, passing, baseline, run.report)
         run.report.check_s += time.perf_counter() - tc
     if not passing:
         _settle(run, contenders, RaceResult(), None)
@@ -510,12 +512,19 @@ def _drop(report: SuperoptimizeReport, key: Key, status: str, why: str, alive: s
     _log.warning("%s on %s dropped: %s", label(key), report.backend, why)
 
 
-def _exp_stress_set(graph: KernelGraph, shapes: Shapes, tensors: list[Any]) -> Any:
-    """The exp-overflow stress set for ``graph`` (None when it has no exp to stress)."""
+def _stress_sets(
+    graph: KernelGraph, shapes: Shapes, tensors: list[Any], seed: int
+) -> list[_stress.StressSet]:
+    """The stress sets for ``graph``: exp overflow (when it has an exp to stress) and the
+    dtype's extremes, built from the check inputs."""
     arrays = [to_numpy32(t).reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)]
-    return _stress.exp_stress(
-        graph, shapes, arrays, lambda ins: reference_outputs(graph, shapes, ins)
-    )
+
+    def reference(ins: list[np.ndarray]) -> list[np.ndarray]:
+        return reference_outputs(graph, shapes, ins)
+
+    exp = _stress.exp_stress(graph, shapes, arrays, reference)
+    extremes = _stress.extremes_stress(graph, shapes, arrays, reference, seed)
+    return [extremes] if exp is None else [exp, extremes]
 
 
 def _stress_check(
@@ -528,8 +537,8 @@ def _stress_check(
 ) -> list[Any]:
     """``passing`` (contenders, see ``yirage._race.Contender``) without those that fail the
     stress set (see ``yirage._stress``). When every contender of the library baseline fails
-    it too, the overflow is the graph's own in its dtype: the set is not enforced and the
-    report says so."""
+    it too, the graph itself does not keep these values in its dtype: the set is not enforced
+    and the report says so."""
     if stress is None:
         return list(passing)
     dtypes = [t.dtype.name for t in graph.outputs]
@@ -548,7 +557,7 @@ def _stress_check(
     if failed_baseline and all(failed_baseline):
         report.notes.append(
             f"{stress.name}: the library baseline fails it too ({failed_baseline[0]}), so the "
-            "overflow is the graph's own in its dtype; the stress check was not enforced"
+            "graph itself does not keep these values in its dtype; this set was not enforced"
         )
         return list(passing)
     alive = set(verdicts)
