@@ -311,3 +311,15 @@ def test_superoptimize_checks_every_contender_on_the_dtype_extremes() -> None:
     (ref,) = g.evaluate([xs.astype(np.float64), ws.astype(np.float64)])
     (out,) = k(xs, ws)
     assert _rel(np.asarray(out, dtype=np.float64), ref) < 1e-2
+
+
+def test_a_value_at_the_dtypes_edge_may_round_to_its_infinity() -> None:
+    """65504 is float16's largest value: a kernel within the tolerance of it may round past it
+    to +inf (not to -inf or NaN); further from the edge it must stay finite."""
+    ref = np.array([[65504.0 * (1 - 1e-3), 1.0]])
+    got = np.array([[np.inf, 1.0]])
+    assert _stress.stress_error([got], [ref], ["float16"], edge=1e-2) == (0.0, None)
+    assert _stress.stress_error([got], [ref], ["float16"])[1] is not None  # no edge given
+    assert _stress.stress_error([-got], [ref], ["float16"], edge=1e-2)[1] is not None
+    far = np.array([[60000.0, 1.0]])
+    assert _stress.stress_error([got], [far], ["float16"], edge=1e-2)[1] is not None

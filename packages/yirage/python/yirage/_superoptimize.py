@@ -547,7 +547,7 @@ def _stress_check(
     verdicts: dict[Key, str | None] = {}
     for entry in passing:
         try:
-            err, why = _stress.stress_error(entry[4](*tensors), stress.reference, dtypes)
+            err, why = _stress.stress_error(entry[4](*tensors), stress.reference, dtypes, edge=tol)
         except Exception as exc:
             err, why = math.inf, f"run failed: {type(exc).__name__}: {exc}"
         if why is None and not err <= tol:
