@@ -64,7 +64,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-12"
+CODEGEN_VERSION = "triton-13"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -882,7 +882,10 @@ class _KernelPrinter:
             self.emit(f"m{gi} = mn{gi}")
         else:
             self.emit(f"m{gi} = {rowmax}")
-        self.bind(o.id, f"tl.exp({xs} - m{gi})")
+        # x - m <= 0 exactly, but the compiler may recompute x for the exp apart from the
+        # max (e.g. a score scale contracted into an FMA): with |x| ~ 1e8 that lands ulps of
+        # 64 above 0, and the exp overflows. The clamp keeps the exact value.
+        self.bind(o.id, f"tl.exp(tl.minimum({xs} - m{gi}, 0.0))")
 
     def rescaled(self, acc_id: int, acc: str) -> str:
         for gi in self.groups_of_acc.get(acc_id, []):
