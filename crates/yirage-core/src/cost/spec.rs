@@ -94,6 +94,13 @@ pub struct DeviceSpec {
     /// [`DeviceSpec::launch_us`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub launch_overhead_us: Option<f64>,
+    /// Block-shape rule of a tile machine, `[sublane, lane]` for 32-bit elements (TPU:
+    /// `[8, 128]`): the last dim of every block a generated kernel loads or stores must be
+    /// a multiple of `lane` or the whole dim, the second-to-last a multiple of
+    /// `sublane · 4 / element bytes` (16 for 16-bit) or the whole dim. None: any dividing
+    /// tile. See [`DeviceSpec::block_legal`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiling: Option<[u32; 2]>,
 }
 
 /// The JSON as sent, before `execution_model` is resolved and the limits are checked.
@@ -114,6 +121,8 @@ struct RawDeviceSpec {
     execution_model: Option<String>,
     #[serde(default)]
     launch_overhead_us: Option<f64>,
+    #[serde(default)]
+    tiling: Option<[u32; 2]>,
 }
 
 impl TryFrom<RawDeviceSpec> for DeviceSpec {
@@ -137,6 +146,7 @@ impl TryFrom<RawDeviceSpec> for DeviceSpec {
             vendor: raw.vendor,
             execution_model,
             launch_overhead_us: raw.launch_overhead_us,
+            tiling: raw.tiling,
         };
         spec.validate()?;
         Ok(spec)
@@ -170,7 +180,8 @@ impl DeviceSpec {
                 "{e}; expected an object with compute_units, warp_size, \
                  max_threads_per_block, shared_mem_per_block, l2_bytes, mem_bandwidth_gbps, \
                  peak_tflops_fp16, peak_tflops_fp32, matrix_tile ([m,n,k] or null), vendor, \
-                 execution_model (simt, cpu or tile) and optionally launch_overhead_us"
+                 execution_model (simt, cpu or tile) and optionally launch_overhead_us and \
+                 tiling ([sublane, lane])"
             ))
         })?;
         DeviceSpec::try_from(raw)
@@ -218,6 +229,11 @@ impl DeviceSpec {
         }
         if self.vendor.is_empty() {
             return bad("vendor must be a non-empty string");
+        }
+        if let Some(t) = self.tiling {
+            if t.contains(&0) {
+                return bad("tiling entries [sublane, lane] must be ≥ 1");
+            }
         }
         Ok(())
     }
@@ -271,6 +287,22 @@ impl DeviceSpec {
         }
     }
 
+    /// Whether a block of `tile` elements of a tensor of `full` dims (same rank) with
+    /// `elem_bytes`-byte elements obeys [`DeviceSpec::tiling`] (always true without one).
+    pub fn block_legal(&self, tile: &[usize], full: &[usize], elem_bytes: usize) -> bool {
+        let Some([sublane, lane]) = self.tiling else {
+            return true;
+        };
+        let rank = tile.len().min(full.len());
+        let fits = |i: usize, multiple: usize| {
+            let (t, f) = (tile[tile.len() - i], full[full.len() - i]);
+            t == f || t % multiple.max(1) == 0
+        };
+        // a 32-bit row of `sublane` elements packs 4 / elem_bytes narrower ones
+        let packed = sublane as usize * 4 / elem_bytes.clamp(1, 4);
+        (rank < 1 || fits(1, lane as usize)) && (rank < 2 || fits(2, packed))
+    }
+
     /// A typical NVIDIA H100 SXM (used by tests and as an example).
     pub fn h100() -> DeviceSpec {
         DeviceSpec {
@@ -286,6 +318,7 @@ impl DeviceSpec {
             vendor: "cuda".into(),
             execution_model: ExecutionModel::Simt,
             launch_overhead_us: None,
+            tiling: None,
         }
     }
 
@@ -304,6 +337,51 @@ impl DeviceSpec {
             vendor: "cpu".into(),
             execution_model: ExecutionModel::Cpu,
             launch_overhead_us: None,
+            tiling: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tpu() -> DeviceSpec {
+        DeviceSpec {
+            execution_model: ExecutionModel::Tile,
+            tiling: Some([8, 128]),
+            ..DeviceSpec::h100()
+        }
+    }
+
+    #[test]
+    fn tiling_rule_takes_multiples_of_sublane_and_lane_or_the_whole_dim() {
+        let s = tpu();
+        assert!(s.block_legal(&[8, 128], &[64, 1024], 4));
+        assert!(s.block_legal(&[64, 256], &[64, 1024], 4));
+        assert!(s.block_legal(&[4, 96], &[4, 96], 4)); // whole dims
+        assert!(s.block_legal(&[1, 2, 8, 128], &[4, 4, 64, 1024], 4)); // leading dims free
+        assert!(!s.block_legal(&[8, 64], &[64, 1024], 4));
+        assert!(!s.block_legal(&[4, 128], &[64, 1024], 4));
+        // 16-bit elements pack two rows per 32-bit sublane: 16 rows, 8-bit 32
+        assert!(!s.block_legal(&[8, 128], &[64, 1024], 2));
+        assert!(s.block_legal(&[16, 128], &[64, 1024], 2));
+        assert!(!s.block_legal(&[16, 128], &[64, 1024], 1));
+        assert!(s.block_legal(&[32, 128], &[64, 1024], 1));
+        assert!(s.block_legal(&[256], &[1024], 4));
+        assert!(!s.block_legal(&[64], &[1024], 4));
+        // without a rule every dividing tile is legal
+        assert!(DeviceSpec::h100().block_legal(&[4, 3], &[64, 1024], 2));
+    }
+
+    #[test]
+    fn tiling_round_trips_and_is_left_out_of_json_without_one() {
+        let s = tpu();
+        let back = DeviceSpec::from_json(&s.to_json()).unwrap();
+        assert_eq!(back.tiling, Some([8, 128]));
+        assert!(!DeviceSpec::h100().to_json().contains("tiling"));
+        let bad = s.to_json().replace("[8,128]", "[0,128]");
+        let err = DeviceSpec::from_json(&bad).unwrap_err().to_string();
+        assert!(err.contains("tiling"), "{err}");
     }
 }

@@ -771,6 +771,36 @@ fn estimate(cx: &Ctx<'_>, m: &Mapping, asg: &[Assign], f: usize) -> (f64, u64, O
     )
 }
 
+/// Whether every block the kernel loads (inputs) or stores (outputs, `outs`) obeys the
+/// device's tiling rule ([`crate::cost::DeviceSpec::block_legal`]); outputs are checked at
+/// the inputs' narrowest element width, since a graph output keeps the graph's dtype.
+fn blocks_legal(cx: &Ctx<'_>, asg: &[Assign], f: usize, outs: &OutSig) -> bool {
+    let spec = &cx.run.spec;
+    if spec.tiling.is_none() {
+        return true;
+    }
+    let dims = tile_dims(cx.prog, cx.an, asg, f);
+    let ins_ok = cx
+        .ins
+        .iter()
+        .enumerate()
+        .all(|(k, kin)| spec.block_legal(&dims[k], &kin.dims, kin.elem_bytes));
+    let narrowest = cx
+        .ins
+        .iter()
+        .map(|k| k.elem_bytes)
+        .min()
+        .unwrap_or(INTERMEDIATE_BYTES)
+        .min(INTERMEDIATE_BYTES);
+    ins_ok
+        && cx
+            .prog
+            .outputs
+            .iter()
+            .zip(outs)
+            .all(|(&o, (full, _))| spec.block_legal(&dims[o], full, narrowest))
+}
+
 /// Concretise `prog` over `ins`: groups of built, costed block graphs, best first.
 ///
 /// Split patterns (whole / grid / loop / grid+loop per class) are type-checked once each;
@@ -916,6 +946,9 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                 }
                 budget -= 1;
                 let (est, smem, outs) = estimate(&cx, &m, asg, f);
+                if !blocks_legal(&cx, asg, f, &outs) {
+                    return true;
+                }
                 if smem > run.spec.shared_mem_per_block {
                     run.count_smem_reject();
                     return true;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, get_args
 
@@ -25,6 +26,8 @@ ExecutionModel = Literal["simt", "cpu", "tile"]
 
 #: The allowed values of :attr:`DeviceSpec.execution_model`.
 EXECUTION_MODELS: tuple[str, ...] = get_args(ExecutionModel)
+#: Bytes per element of the dtypes a block may hold (for :meth:`DeviceSpec.block_error`).
+_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "float64": 8}
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,13 @@ class DeviceSpec:
     time (``cpu``; ``cuda``/``rocm``/``mps`` are ``simt``; ``tpu``/``ascend`` are ``tile``)
     and refuses any other name. ``launch_overhead_us`` is the per-kernel launch/sync gap in
     µs; None: the execution model's default (simt 2, cpu 1, tile 3).
+
+    ``tiling`` is the block-shape rule of a tile machine, ``(sublane, lane)`` for 32-bit
+    elements (TPU: ``(8, 128)``): the last dim of every block a generated kernel loads or
+    stores is a multiple of ``lane`` or the whole dim, the second-to-last a multiple of
+    ``sublane * 4 // element bytes`` (16 for 16-bit) or the whole dim. The search proposes
+    only such tiles and :meth:`block_error` names the rule a block breaks. None: any tile
+    that divides the tensor.
     """
 
     name: str
@@ -62,6 +72,7 @@ class DeviceSpec:
     execution_model: ExecutionModel | None = None
     launch_overhead_us: float | None = None
     source: Literal["table", "live", "table+live"] = "table"
+    tiling: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         model = self.execution_model
@@ -78,6 +89,37 @@ class DeviceSpec:
                 f"microseconds >= 0 (or None for the execution model's default), got {launch!r}"
             )
 
+        tiling = self.tiling
+        if tiling is not None and not (
+            len(tiling) == 2 and all(isinstance(t, int) and t >= 1 for t in tiling)
+        ):
+            raise ConfigError(
+                f"DeviceSpec {self.name!r}: tiling must be (sublane, lane), two ints >= 1 "
+                f"(TPU: (8, 128)), or None for no block-shape rule; got {tiling!r}"
+            )
+
+    def block_error(self, tile: Sequence[int], full: Sequence[int], dtype: str) -> str | None:
+        """Why a block of ``tile`` elements of a ``dtype`` tensor of ``full`` dims breaks
+        :attr:`tiling`, naming the rule; None when it is legal (or there is no rule)."""
+        if self.tiling is None:
+            return None
+        sublane, lane = self.tiling
+        width = _ELEM_BYTES.get(dtype, 4)
+        rows = sublane * 4 // min(max(width, 1), 4)
+        checks = [(1, lane, "last")]
+        if len(tile) >= 2:
+            checks.append((2, rows, "second-to-last"))
+        for back, multiple, which in checks:
+            t, f = tile[-back], full[-back]
+            if t != f and t % multiple:
+                return (
+                    f"block {list(tile)} of a {dtype} tensor {list(full)} breaks the "
+                    f"{self.name} tiling rule: the {which} dim of a block must be a multiple "
+                    f"of {multiple} or the whole dim ({f}); the last two dims must be multiples "
+                    f"of ({rows}, {lane}) for {8 * width}-bit elements"
+                )
+        return None
+
     def with_live(self, **live: Any) -> DeviceSpec:
         """This (table) spec updated with the live-queried fields that are not None."""
         found = {k: v for k, v in live.items() if v is not None}
@@ -87,6 +129,8 @@ class DeviceSpec:
         d = asdict(self)
         if self.matrix_tile is not None:
             d["matrix_tile"] = list(self.matrix_tile)
+        if self.tiling is not None:
+            d["tiling"] = list(self.tiling)
         return d
 
     def to_json(self) -> str:
@@ -110,5 +154,7 @@ class DeviceSpec:
             parts.append(f"{self.peak_tflops_fp16:g} TFLOPS fp16")
         if self.simd_width_bits is not None:
             parts.append(f"SIMD {self.simd_width_bits} bit")
+        if self.tiling is not None:
+            parts.append(f"blocks of ({self.tiling[0]}, {self.tiling[1]}) x 32-bit")
         parts.append(f"source: {self.source}")
         return ", ".join(parts)

@@ -282,7 +282,7 @@ def device_spec_json(spec: Any, backend: str | None = None) -> tuple[str, list[s
     ``execution_model`` instead, deriving it from that name only for specs without one."""
     d = _as_dict(spec)
     out: dict[str, Any] = {k: d.get(k) for k in _SPEC_FIELDS}
-    for key in ("launch_overhead_us", "execution_model"):
+    for key in ("launch_overhead_us", "execution_model", "tiling"):
         if d.get(key) is not None:
             out[key] = d[key]
     vendor = (backend or out.get("vendor") or "unknown").lower()
