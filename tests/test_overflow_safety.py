@@ -323,3 +323,63 @@ def test_a_value_at_the_dtypes_edge_may_round_to_its_infinity() -> None:
     assert _stress.stress_error([-got], [ref], ["float16"], edge=1e-2)[1] is not None
     far = np.array([[60000.0, 1.0]])
     assert _stress.stress_error([got], [far], ["float16"], edge=1e-2)[1] is not None
+
+
+def _cancelling_stress() -> tuple[yr.KernelGraph, _stress.StressSet]:
+    """X @ W whose element (0, 0) is 65504² + 0.5 - 65504² = 0.5 exactly (no float32 sum keeps
+    the 0.5 next to 4.3e9) and whose element (0, 1) is 2: well conditioned."""
+    g = yr.new_kernel_graph()
+    x = g.new_input((1, 3), yr.float16)
+    w = g.new_input((3, 2), yr.float16)
+    g.mark_output(g.matmul(x, w))
+    xs = np.array([[65504.0, 1.0, -65504.0]], dtype=np.float32)
+    ws = np.array([[65504.0, 0.0], [0.5, 2.0], [65504.0, 0.0]], dtype=np.float32)
+
+    def reference(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return g.evaluate([a.astype(np.float64) for a in arrays])
+
+    return g, _stress.StressSet(
+        "a cancelling set", [xs, ws], reference([xs, ws]), _stress._perturbed(reference, [xs, ws])
+    )
+
+
+def test_an_element_float32_cannot_resolve_is_checked_for_finiteness_only() -> None:
+    """A stress set's element that is the small difference of huge terms is exempt from the
+    value comparison (every float32 summation order misses it: the float32 evaluation of the
+    same sum gives 0, not 0.5) but not from the finite/non-finite one; a well-conditioned
+    element is still compared."""
+    g, stress = _cancelling_stress()
+    (ref,) = stress.reference
+    x32, w32 = stress.arrays
+    float32_sum = np.float32(x32[0, 0] * w32[0, 0]) + np.float32(x32[0, 1] * w32[1, 0])
+    float32_sum = np.float32(float32_sum + np.float32(x32[0, 2] * w32[2, 0]))
+    assert ref[0, 0] == 0.5 and float32_sum == 0.0
+    tol = _stress.stress_tolerance("float16")
+    eta = _stress.rounding_bound(g, "float16")
+    runs = [stress.perturbed(eta, seed) for seed in (1, 2)]  # type: ignore[misc]
+    exempt = _stress.ill_conditioned(ref, [r[0] for r in runs], tol)
+    assert exempt.tolist() == [[True, False]]
+    in_float32 = np.array([[0.0, 2.0]])
+    assert _stress.stress_error([in_float32], [ref], ["float16"])[0] > tol  # without exemption
+    assert _stress.stress_error([in_float32], [ref], ["float16"], exempt=[exempt]) == (0.0, None)
+    nan = np.array([[np.nan, 2.0]])
+    assert _stress.stress_error([nan], [ref], ["float16"], exempt=[exempt])[1] is not None
+    wrong = np.array([[0.5, 3.0]])
+    assert _stress.stress_error([wrong], [ref], ["float16"], exempt=[exempt])[0] > tol
+
+
+def test_the_stress_check_exempts_cancellation_and_says_so() -> None:
+    """End to end through the check: a contender that sums in float32 passes the cancelling
+    set, the report names the exempt elements; one wrong where float32 is exact fails."""
+    g, stress = _cancelling_stress()
+
+    from yirage_cpu._backend import CpuBackend
+
+    def contender(index: int, out: list[list[float]]) -> tuple[Any, ...]:
+        return (0.0, index, {}, None, lambda *_: [np.array(out)])
+
+    rep = _report(2)
+    entries = [contender(0, [[0.0, 2.0]]), contender(1, [[0.0, 3.0]])]
+    kept = _stress_check(CpuBackend(), g, stress, entries, set(), rep)
+    assert [e[1] for e in kept] == [0]
+    assert any("checked for finiteness only" in n for n in rep.notes), rep.notes

@@ -527,6 +527,17 @@ def _stress_sets(
     return [extremes] if exp is None else [exp, extremes]
 
 
+def _exempt(graph: KernelGraph, stress: _stress.StressSet, tol: float) -> list[np.ndarray]:
+    """The elements of ``stress``'s outputs that float32 cannot compute to ``tol``."""
+    assert stress.perturbed is not None
+    eta = max(_stress.rounding_bound(graph, t.dtype.name) for t in graph.outputs)
+    runs = [stress.perturbed(eta, seed) for seed in (1, 2)]
+    return [
+        _stress.ill_conditioned(r, [run[i] for run in runs], tol)
+        for i, r in enumerate(stress.reference)
+    ]
+
+
 def _stress_check(
     be: Backend,
     graph: KernelGraph,
@@ -545,14 +556,28 @@ def _stress_check(
     tol = max(_stress.stress_tolerance(d) for d in dtypes)
     tensors = to_backend_tensors(be, stress.arrays, [t.dtype.name for t in graph.inputs])
     verdicts: dict[Key, str | None] = {}
+    exempt: list[np.ndarray] | None = None
     for entry in passing:
         try:
-            err, why = _stress.stress_error(entry[4](*tensors), stress.reference, dtypes, edge=tol)
+            outputs = entry[4](*tensors)
+            err, why = _stress.stress_error(outputs, stress.reference, dtypes, edge=tol)
+            if why is None and not err <= tol and stress.perturbed is not None:
+                if exempt is None:  # once per set, and only when a contender needs it
+                    exempt = _exempt(graph, stress, tol)
+                err, why = _stress.stress_error(
+                    outputs, stress.reference, dtypes, edge=tol, exempt=exempt
+                )
         except Exception as exc:
             err, why = math.inf, f"run failed: {type(exc).__name__}: {exc}"
         if why is None and not err <= tol:
             why = f"max relative error {err:.3g} > {tol:g}"
         verdicts[contender_key(entry)] = why
+    if exempt is not None and (count := sum(int(np.count_nonzero(e)) for e in exempt)):
+        report.notes.append(
+            f"{stress.name}: {count} output elements are differences of terms too large for "
+            "float32 to resolve to the tolerance (cancellation); they were checked for "
+            "finiteness only"
+        )
     failed_baseline = [why for (i, _), why in verdicts.items() if i in baseline]
     if failed_baseline and all(failed_baseline):
         report.notes.append(
