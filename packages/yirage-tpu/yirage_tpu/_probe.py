@@ -31,6 +31,13 @@ TPU_PCI_DEVICE_IDS: dict[str, str] = {
 #: and network (gVNIC) controllers, present on every Compute Engine VM. A Google device of
 #: another class counts as a TPU of a generation newer than the table above.
 _NOT_TPU_CLASSES = ("0x01", "0x02")
+#: What a user without jax is told.
+JAX_HINT = "pip install yirage[tpu]"
+#: The levels the printed kernels reach without a TPU (docs/backends.md).
+LEVELS = (
+    "here the printed Pallas kernels run emulated (interpret mode, TpuBackend(interpret=True)) "
+    "and compile for the target without a device (libtpu, v5e/v6e: yirage_tpu.compile_for_topology)"
+)
 #: Distributions of the TPU runtime, and the variable that points jax at a libtpu.so.
 _LIBTPU_DISTS = ("libtpu", "libtpu-nightly")
 _LIBTPU_PATH_VAR = "TPU_LIBRARY_PATH"
@@ -146,11 +153,15 @@ def probe() -> ProbeResult:
             kind, note = jax_tpu_kind()
             return ProbeResult(True, note, kind or _hardware(nodes), tools)
         where = "no TPU: /dev/accel* absent and no Google TPU on the PCI bus"
+        if "jax" not in tools:
+            return ProbeResult(False, f"{where}; jax not installed: {JAX_HINT}", None, tools)
         if not runtime:
-            return ProbeResult(False, f"{where}, and libtpu not installed", None, tools)
+            return ProbeResult(False, f"{where}, and libtpu not installed; {LEVELS}", None, tools)
         kind, note = jax_tpu_kind()
         if kind is not None:
             return ProbeResult(True, f"no TPU device nodes, but {note}", kind, tools)
-        return ProbeResult(False, f"{where}, and {note} (libtpu is installed)", None, tools)
+        return ProbeResult(
+            False, f"{where}, and {note} (libtpu is installed); {LEVELS}", None, tools
+        )
     except Exception as exc:  # never raise from a probe
         return ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}")
