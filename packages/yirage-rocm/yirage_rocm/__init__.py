@@ -1,4 +1,4 @@
-"""The AMD ROCm backend of yirage (probe and DeviceSpec; no code generator yet).
+"""The AMD ROCm backend of yirage: Triton for AMD GPUs on the shared Triton layer.
 
 yirage finds it through the ``yirage.backends`` entry point, which calls :func:`register`.
 """
@@ -9,8 +9,18 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from yirage import Backend
+    from yirage_rocm._backend import TARGET, RocmBackend
 
-__all__ = ["register"]
+__all__ = ["TARGET", "RocmBackend", "register"]
+
+
+def __getattr__(name: str) -> object:
+    """``RocmBackend`` and ``TARGET`` on first use (importing the package stays cheap)."""
+    if name in ("RocmBackend", "TARGET"):
+        from yirage_rocm import _backend
+
+        return getattr(_backend, name)
+    raise AttributeError(f"module 'yirage_rocm' has no attribute {name!r}")
 
 
 def register() -> Backend:

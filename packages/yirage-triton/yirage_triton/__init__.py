@@ -2,7 +2,8 @@
 
 KernelPlans (read through ``yirage.plan``) printed as Triton modules, the torch host glue that
 runs them, the Triton launcher, runtime and timer, and the Triton toolchain wrapper (JIT, the
-interpreter, ahead-of-time compiles for a named target). What differs per vendor is one
+interpreter, ahead-of-time compiles for a named target: :data:`AOT_TARGETS`, :func:`compile_for`,
+:func:`export_plan`). What differs per vendor is one
 :class:`TritonTarget`; a vendor backend subclasses :class:`TritonBackend` with its target and
 its hardware hooks (docs/backends.md, "The Triton layer"). yirage-cuda is one such backend.
 
@@ -11,6 +12,18 @@ Importing this package imports neither torch nor triton.
 
 from __future__ import annotations
 
+from yirage_triton._aot import (
+    AOT_TARGETS,
+    AotTarget,
+    CompiledKernel,
+    ResourceError,
+    aot_target,
+    check_compile_options,
+    compile_for,
+    compile_kernels,
+    export_plan,
+    require_triton,
+)
 from yirage_triton._backend import TritonArtifact, TritonBackend, TritonKernel, TritonPrinted
 from yirage_triton._codegen import (
     CODEGEN_VERSION,
@@ -51,16 +64,20 @@ from yirage_triton._toolchain import (
 )
 
 __all__ = [
+    "AOT_TARGETS",
     "CODEGEN_VERSION",
     "DEEP_STAGES",
     "DEFAULT_STAGES",
     "MODULE_CACHE",
     "TORCH_DTYPE",
     "VARIANT_FAMILIES",
+    "AotTarget",
+    "CompiledKernel",
     "GraphTimer",
     "InputError",
     "Launcher",
     "ProfileResult",
+    "ResourceError",
     "TimingSession",
     "ToolchainError",
     "TritonArtifact",
@@ -72,8 +89,13 @@ __all__ = [
     "TritonSource",
     "TritonTarget",
     "aot_compile_triton",
+    "aot_target",
+    "check_compile_options",
     "check_inputs",
+    "compile_for",
+    "compile_kernels",
     "dist_version",
+    "export_plan",
     "fmt_float",
     "generate_triton",
     "interpret_mode",
@@ -84,6 +106,7 @@ __all__ = [
     "matmul_fp32",
     "pin_triton_defaults",
     "profile",
+    "require_triton",
     "subtile_kernel",
     "time_callable",
     "triton_has_pdl",

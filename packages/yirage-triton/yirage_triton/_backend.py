@@ -275,6 +275,8 @@ class TritonBackend(Backend):
                 pdl=self.target.pdl and self.use_pdl() and not attention,
                 max_stages=self.target.default_stages,
                 fp32_dot_precision=self.target.fp32_dot_precisions[0],
+                dot_sum_precision=self.target.dot_sum_precision,
+                launch_options=self.target.compile_options,
             )
         if opts.fp32_dot_precision not in self.target.fp32_dot_precisions:
             raise CodegenError(
@@ -282,6 +284,18 @@ class TritonBackend(Backend):
                 f"{self.target.name} target; use one of {list(self.target.fp32_dot_precisions)}"
             )
         return opts
+
+    def export_options(self, spec: DeviceSpec) -> TritonOptions:
+        """The printer's options for a device that is not here (ahead-of-time export): the
+        target's defaults and ``spec``'s shared memory per block; no programmatic dependent
+        launch (the export's launch glue is the caller's)."""
+        return TritonOptions(
+            smem_limit=int(spec.shared_mem_per_block) if spec.shared_mem_per_block else None,
+            max_stages=self.target.default_stages,
+            fp32_dot_precision=self.target.fp32_dot_precisions[0],
+            dot_sum_precision=self.target.dot_sum_precision,
+            launch_options=self.target.compile_options,
+        )
 
     def printings(self, plan: Plan, topts: TritonOptions) -> dict[str, TritonOptions]:
         """The further printings to try beside ``topts``, by variant name. The rules and the

@@ -100,7 +100,11 @@ class TritonOptions:
     first waits for the grids before it in the stream (``griddepcontrol.wait``, before any
     global memory access, so it may read what they wrote) and then lets the next grid launch,
     whose blocks get resident and wait while this one runs: back-to-back kernels no longer
-    pay the launch gap and the ramp-up between them.
+    pay the launch gap and the ramp-up between them. ``dot_sum_precision``: ``input_precision``
+    of the ``tl.dot`` that sums a tile's squares (see :meth:`_KernelPrinter._dot_sums`; "tf32"
+    where the target has it, "ieee" on AMD's gfx90a/gfx1100). ``launch_options``: (name,
+    value) compile options of the vendor's Triton backend printed into every launch and kept
+    in ``KERNELS`` (AMD: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``).
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -116,15 +120,23 @@ class TritonOptions:
     scale_after_dot: bool = False
     subtile: tuple[tuple[str, int], ...] = ()
     pdl: bool = False
+    dot_sum_precision: str = "tf32"
+    launch_options: tuple[tuple[str, int], ...] = ()
 
     def key(self) -> str:
-        return (
+        key = (
             f"stages={self.num_stages};fp32dot={self.fp32_dot_precision};smem={self.smem_limit};"
             f"bf16dot32={self.bf16_dot_as_fp32};split={list(self.split_loop)};"
             f"max_stages={self.max_stages};last_block={self.last_block_combine};"
             f"scale_after_dot={self.scale_after_dot};subtile={list(self.subtile)};"
             f"pdl={self.pdl}"
         )
+        # only where set, so the keys of existing printings stay what they were
+        if self.dot_sum_precision != "tf32":
+            key += f";dotsum={self.dot_sum_precision}"
+        if self.launch_options:
+            key += f";launch={list(self.launch_options)}"
+        return key
 
 
 @dataclass(frozen=True)
@@ -723,7 +735,8 @@ class _KernelPrinter:
         s = self.fresh("s")
         self.emit(f"{s} = tl.reshape({self.masked(x, [x.rank - 2])}, [{big}, {cols}])")
         ones = f"tl.full([{rows}, {big}], 1.0, tl.float32)"
-        prod = f"tl.dot({ones}, {s}, input_precision='tf32')"  # the interpreter: exact fp32
+        # the interpreter multiplies in exact fp32 whatever the precision
+        prod = f"tl.dot({ones}, {s}, input_precision={self.opts.dot_sum_precision!r})"
         return f"tl.reshape({prod}, {_shape((*x.pdims[:-2], rows, cols))})"
 
     def emit_scaled_dot(self, o: TileOp) -> None:
@@ -1375,6 +1388,8 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
             "num_stages": pr.stages(),
             "pdl": opts.pdl,
         }
+        if opts.launch_options:
+            info["options"] = dict(opts.launch_options)
         if n_split > 1:
             kernel_blocks.append(pr.print_split(n_split, opts.last_block_combine))
             gx, gy, gz = k.grid
@@ -1412,7 +1427,8 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
             return f"{name}[{grid}]({args}, {kw})"
 
         args = ", ".join(names[b] for b in printers[k.name].params)
-        pdl = ", launch_pdl=True" if opts.pdl else ""
+        extra = ", launch_pdl=True" if opts.pdl else ""
+        extra += "".join(f", {name}={value!r}" for name, value in opts.launch_options)
         n_split = splits.get(k.name, 1)
         if n_split == 1:
             return [
@@ -1421,7 +1437,7 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                     k.name,
                     tuple(k.grid),
                     args,
-                    f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{pdl}",
+                    f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{extra}",
                 ),
             ]
         gx, gy, gz = k.grid
@@ -1437,7 +1453,7 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                     k.name,
                     (gx * n_split, gy, gz),
                     f"{args}, ws, cnt",
-                    f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{pdl}",
+                    f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{extra}",
                 ),
             ]
         return [
@@ -1447,13 +1463,13 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                 k.name,
                 (gx * n_split, gy, gz),
                 f"{args}, ws",
-                f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{pdl}",
+                f"NUM_STAGES=st, num_warps={k.warps}, num_stages=st{extra}",
             ),
             call(
                 f"{k.name}_combine",
                 tuple(k.grid),
                 f"{args}, ws",
-                f"NUM_STAGES=1, num_warps={k.warps}, num_stages=1{pdl}",
+                f"NUM_STAGES=1, num_warps={k.warps}, num_stages=1{extra}",
             ),
         ]
 

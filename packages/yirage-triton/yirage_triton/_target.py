@@ -37,7 +37,11 @@ class TritonTarget:
     and of the "deep" printings. ``variant_families``: which printings of
     :data:`VARIANT_FAMILIES` the backend tries. ``aot_backend``: the Triton backend name of
     ahead-of-time targets (``GPUTarget(aot_backend, arch, warp_size)``: "cuda", "hip"), None
-    where Triton cannot compile for a named target."""
+    where Triton cannot compile for a named target. ``compile_options``: (name, value) options
+    of the vendor's Triton backend printed into every launch and passed to ahead-of-time
+    compiles (AMD: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``); the names must be
+    fields of that backend's options in the installed Triton
+    (:func:`~yirage_triton.check_compile_options`)."""
 
     name: str
     torch_device: str
@@ -48,6 +52,7 @@ class TritonTarget:
     deep_stages: int = DEEP_STAGES
     variant_families: frozenset[str] = VARIANT_FAMILIES
     aot_backend: str | None = None
+    compile_options: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.variant_families) - VARIANT_FAMILIES
@@ -66,6 +71,12 @@ class TritonTarget:
                 f"TritonTarget {self.name!r}: give a positive warp_size and at least one "
                 "fp32 dot precision"
             )
+
+    @property
+    def dot_sum_precision(self) -> str:
+        """``input_precision`` of the dot that sums squares: tf32 where offered (the NVIDIA
+        tensor cores' measured choice), else the target's default fp32 precision."""
+        return "tf32" if "tf32" in self.fp32_dot_precisions else self.fp32_dot_precisions[0]
 
     def tries(self, family: str) -> bool:
         """Whether printings of ``family`` (one of :data:`VARIANT_FAMILIES`) are tried."""

@@ -236,9 +236,6 @@ def load_triton_module(path: Path, interpret: bool = False) -> ModuleType:
         return mod
 
 
-_TRITON_PTR = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}
-
-
 def aot_compile_triton(
     module: ModuleType,
     buffer_dtypes: Mapping[int, str],
@@ -250,61 +247,15 @@ def aot_compile_triton(
     """Compile every kernel of a (non-interpreted) printed module ahead of time for the named
     target ``GPUTarget(backend, arch, warp_size)`` (``arch`` 90 with "cuda" is sm_90, "gfx942"
     with "hip" an MI300). Returns per kernel: shared memory bytes, stages, warps, the target,
-    the binary's size and whether its PTX waits on the grid before (``pdl``: printed with
-    programmatic dependent launch; NVIDIA only). Raises ToolchainError with Triton's message
-    when a kernel does not compile, or when the installed Triton has no such target."""
-    pin_triton_defaults()
-    try:
-        triton = importlib.import_module("triton")
-        GPUTarget = importlib.import_module("triton.backends.compiler").GPUTarget
-        ASTSource = importlib.import_module("triton.compiler").ASTSource
-    except Exception as exc:  # pragma: no cover - triton is a dependency
-        raise ToolchainError(
-            f"this triton cannot compile for a named target ({exc}); install triton>=3.2"
-        ) from exc
-    label = f"sm_{arch}" if backend == "cuda" else f"{backend}:{arch}"
-    out: dict[str, dict[str, Any]] = {}
-    for kname, info in module.KERNELS.items():
-        fn = getattr(module, kname)
-        if not hasattr(fn, "arg_names"):
-            raise ToolchainError(
-                f"{kname} is not a compiled @triton.jit kernel (interpreter mode?)"
-            )
-        sig: dict[str, str] = {}
-        attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-        for i, arg in enumerate(fn.arg_names):
-            if arg.startswith("buf"):
-                sig[arg] = _TRITON_PTR[buffer_dtypes[int(arg[3:])]]
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            elif arg == "ws":  # fp32 workspace of split-loop kernels
-                sig[arg] = "*fp32"
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            elif arg == "cnt":  # arrival counters of split-loop kernels
-                sig[arg] = "*i32"
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            else:
-                sig[arg] = "constexpr"
-        stages = int(info["num_stages"])
-        try:
-            compiled = triton.compile(
-                ASTSource(fn, sig, {"NUM_STAGES": stages}, attrs),
-                target=GPUTarget(backend, arch, warp_size),
-                options={
-                    "num_warps": int(info["num_warps"]),
-                    "num_stages": stages,
-                    "launch_pdl": bool(info.get("pdl", False)),
-                },
-            )
-        except Exception as exc:
-            raise ToolchainError(
-                f"Triton could not compile kernel {kname} for {label}: {exc}"
-            ) from exc
-        out[kname] = {
-            "shared": int(getattr(compiled.metadata, "shared", 0)),
-            "num_stages": stages,
-            "num_warps": int(info["num_warps"]),
-            "target": label,
-            "binary_bytes": len(compiled.asm.get("cubin") or compiled.asm.get("hsaco") or b""),
-            "pdl": "griddepcontrol.wait" in str(compiled.asm.get("ptx", "")),
-        }
-    return out
+    the binary's size, the compile options, the registers the compiler reports (AMD) and
+    whether its PTX waits on the grid before (``pdl``: printed with programmatic dependent
+    launch; NVIDIA only). Raises ToolchainError with Triton's message when a kernel does not
+    compile, or when the installed Triton has no such target. :func:`yirage_triton.compile_for`
+    compiles for a target by name and checks its limits."""
+    from yirage_triton._aot import compile_kernels
+
+    kernels = compile_kernels(module, buffer_dtypes, backend, arch, warp_size)
+    return {
+        name: {**k.report(), "pdl": "griddepcontrol.wait" in k.assembly}
+        for name, k in kernels.items()
+    }
