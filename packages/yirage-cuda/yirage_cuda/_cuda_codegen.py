@@ -10,7 +10,8 @@ The printed code includes no header (the pip NVRTC ships without the toolkit's i
 16-bit values are raw ``unsigned short`` converted with ``cvt`` instructions, tensor-core
 products use the ``mma.sync.aligned.m16n8k16`` PTX instruction directly.
 
-Execution model (simple and general rather than peak-performance):
+Execution model (simple and general rather than peak-performance; the structure is
+:class:`yirage.cfamily.CFamilyPrinter`, shared with the Metal printer of yirage-mps):
 
 * every tile value lives in dynamic shared memory: loaded tiles in their buffer dtype, all
   computed values in fp32; slots are reused once their value is dead (first-fit over live
@@ -36,16 +37,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
 
-from yirage.plan import CodegenError, GeneratedKernel, Plan, TileAccess, TileOp, parse_plan
+from yirage.cfamily import CFamilyPrinter, Slot, Step
+from yirage.plan import GeneratedKernel, Plan, TileAccess, TileOp, parse_plan
 from yirage_triton import launcher_lines
 
 __all__ = ["CODEGEN_VERSION", "CudaCppOptions", "CudaCppSource", "generate_cuda"]
 
 CODEGEN_VERSION = "cudacpp-4"
-_ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -161,482 +163,103 @@ _MMA = {
 }
 
 
-def _const(lines: list[str]) -> Callable[[], list[str]]:
-    return lambda: lines
+class _CudaKernelPrinter(CFamilyPrinter):
+    """The CUDA C++ dialect: raw 16-bit values converted with ``cvt``, ``YR_*`` macros whose
+    host branch builds the emulation, 16-byte vector loads, ``mma.sync`` tile matmuls."""
 
+    LANGUAGE = "CUDA C++"
+    SYNC = "YR_SYNC();"
+    NEG_INF = "(-1.0f/0.0f)"
+    INF = "(1.0f/0.0f)"
+    NAN = "(0.0f/0.0f)"
+    WARP_SUM = "yr_warp_sum"
+    WARP_MAX = "yr_warp_max"
+    LSTRIDE = "YR_LSTRIDE"
+    LANE0 = "YR_LANE0"
+    INDEX = "long long"
+    INDEX_SUFFIX = "LL"
+    MATH: ClassVar[Mapping[str, str]] = {
+        "exp": "expf",
+        "max": "fmaxf",
+        "min": "fminf",
+        "sqrt": "sqrtf",
+        "rsqrt": "rsqrtf",
+        "tanh": "tanhf",
+        "erf": "erff",
+        "pow": "powf",
+    }
 
-def _strides(dims: Sequence[int]) -> list[int]:
-    out = [1] * len(dims)
-    for d in range(len(dims) - 2, -1, -1):
-        out[d] = out[d + 1] * dims[d + 1]
-    return out
-
-
-def _coord(i: str, dims: Sequence[int], d: int) -> str:
-    """Coordinate along dim ``d`` of flat index ``i`` over ``dims`` (row-major)."""
-    s = _strides(dims)[d]
-    if dims[d] == 1:
-        return "0"
-    expr = i if s == 1 else f"({i} / {s})"
-    if d == 0:
-        return expr
-    return f"({expr} % {dims[d]})"
-
-
-def _bcast_index(i: str, out_dims: Sequence[int], src_dims: Sequence[int]) -> str:
-    """Flat index into a ``src_dims`` operand broadcast to ``out_dims`` for out index ``i``."""
-    if tuple(out_dims) == tuple(src_dims):
-        return i
-    ss = _strides(src_dims)
-    terms = []
-    for d, n in enumerate(src_dims):
-        if n == 1:
-            continue
-        c = _coord(i, out_dims, d)
-        terms.append(c if ss[d] == 1 else f"{c} * {ss[d]}")
-    return " + ".join(terms) if terms else "0"
-
-
-def _flt(x: float) -> str:
-    if math.isinf(x):
-        return "(1.0f/0.0f)" if x > 0 else "(-1.0f/0.0f)"
-    if math.isnan(x):
-        return "(0.0f/0.0f)"
-    r = repr(float(x))
-    if "e" not in r and "." not in r:
-        r += ".0"
-    return f"{r}f"
-
-
-@dataclass
-class _Slot:
-    name: str
-    kind: str  # "f32" | "float16" | "bfloat16"
-    numel: int
-    start: int = 0  # live range (schedule positions)
-    end: int = 0
-    offset: int = -1
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * (4 if self.kind == "f32" else 2)
-
-    def ctype(self) -> str:
-        return "float" if self.kind == "f32" else "yr_u16"
-
-    def read(self, idx: str) -> str:
-        if self.kind == "f32":
-            return f"{self.name}[{idx}]"
-        conv = "yr_h2f" if self.kind == "float16" else "yr_b2f"
-        return f"{conv}({self.name}[{idx}])"
-
-
-@dataclass
-class _Step:
-    """One scheduled piece of code with the slots it defines and reads."""
-
-    code: Callable[[], list[str]]
-    defines: list[_Slot] = field(default_factory=list)
-    reads: list[_Slot] = field(default_factory=list)
-    temps: list[_Slot] = field(default_factory=list)
-    section: str = "pre"  # pre | loop | post
-
-
-class _CudaKernelPrinter:
     def __init__(self, plan: Plan, k: GeneratedKernel, opts: CudaCppOptions) -> None:
-        self.plan = plan
-        self.k = k
+        super().__init__(plan, k, opts.smem_limit)
         self.opts = opts
-        self.threads = max(32, ((k.block_threads + 31) // 32) * 32)
-        self.warps = self.threads // 32
-        self.by_id = {o.id: o for o in k.ops}
-        self.slots: dict[int, _Slot] = {}
-        self.steps: list[_Step] = []
-        self.params: list[int] = []
-        self.stores = [g.shift_store for g in k.safe_softmax if g.shift_store is not None]
-        shifts = [a.shift_load.access for a in k.inputs if a.shift_load is not None]
-        for acc in (*k.inputs, *k.outputs, *shifts, *self.stores):
-            if acc.buffer not in self.params:
-                self.params.append(acc.buffer)
-        self.group_of_exp = {g.exp: i for i, g in enumerate(k.safe_softmax)}
-        self.groups_of_acc: dict[int, list[int]] = {}
-        for i, g in enumerate(k.safe_softmax):
-            for r in g.rescale:  # the plan's rescale degrees
-                if r.degree != 1:
-                    raise CodegenError(
-                        f"kernel {k.name!r}: accumulator {r.accum} holds exp(-m)**{r.degree}; "
-                        "this printer rescales accumulators of degree 1 only"
-                    )
-                self.groups_of_acc.setdefault(r.accum, []).append(i)
-        # the shift carry: one more running-max group, numbered after the safe-softmax ones
-        self.carry_gi = len(k.safe_softmax)
-        self.carry_loads = [
-            o for o in k.ops if o.op == "input" and k.inputs[o.attr("input")].shift_load
-        ]
-        self.carry_raised = False  # the first shifted load's step raises the max
-        if k.shift_carry is not None:
-            for a in k.shift_carry.accums:
-                self.groups_of_acc.setdefault(a, []).append(self.carry_gi)
-        self.invariant = self.k.invariant_ops()
         self.mma_dtype = plan.compute_dtype if opts.use_mma and plan.compute_dtype in _MMA else None
-        self.group_m: dict[int, _Slot] = {}
-        self.group_alpha: dict[int, _Slot] = {}
-        self.group_rows: dict[int, tuple[int, ...]] = {}
-        self.group_running: dict[int, bool] = {}
 
-    # -- slots ------------------------------------------------------------------------------------
-    def slot_for(self, o: TileOp, kind: str = "f32", numel: int | None = None) -> _Slot:
-        s = _Slot(f"s{o.id}", kind, numel if numel is not None else math.prod(o.dims))
-        self.slots[o.id] = s
-        return s
+    def storage_type(self, kind: str) -> str:
+        return "float" if kind == "f32" else "yr_u16"
 
-    def temp(self, name: str, kind: str, numel: int) -> _Slot:
-        return _Slot(name, kind, numel)
+    def read_fmt(self, kind: str) -> str:
+        return {"f32": "{}", "float16": "yr_h2f({})", "bfloat16": "yr_b2f({})"}[kind]
 
-    # -- code helpers -----------------------------------------------------------------------------
-    def loop(self, n: int, body: Sequence[str], var: str = "i") -> list[str]:
-        head = f"for (int {var} = tid; {var} < {n}; {var} += YR_STRIDE({self.threads})) {{"
-        return [head, *("  " + b for b in body), "}"]
+    def write_fmt(self, kind: str) -> str:
+        return {"f32": "{}", "float16": "yr_f2h({})", "bfloat16": "yr_f2b({})"}[kind]
 
-    def row_reduce(
-        self,
-        rows: int,
-        cols: int,
-        expr: Callable[[str, str], str],
-        result: Callable[[str, str], list[str]],
-        op: str = "sum",
-    ) -> list[str]:
-        init = "0.0f" if op == "sum" else "(-1.0f/0.0f)"
-        comb = "a += {e};" if op == "sum" else "a = fmaxf(a, {e});"
-        red = "yr_warp_sum" if op == "sum" else "yr_warp_max"
-        return [
-            f"for (int r = warp; r < {rows}; r += YR_WSTRIDE({self.warps})) {{",
-            f"  float a = {init};",
-            f"  for (int c = lane; c < {cols}; c += YR_LSTRIDE) {{ "
-            f"{comb.format(e=expr('r', 'c'))} }}",
-            f"  a = {red}(a);",
-            "  if (YR_LANE0) {",
-            *("    " + line for line in result("r", "a")),
-            "  }",
-            "}",
-        ]
+    def stride(self, n: int) -> str:
+        return f"YR_STRIDE({n})"
 
-    # -- global memory ----------------------------------------------------------------------------
-    def _base(self, acc: TileAccess, it: str) -> str:
-        buf = self.plan.buffer(acc.buffer)
-        terms = []
-        for d, offs in enumerate(acc.offsets):
-            for t in offs:
-                if t.stride == 0:
-                    continue
-                var = it if t.var == "iter" else t.var
-                mult = t.stride * buf.strides[d]
-                terms.append(f"(long long){var} * {mult}LL")
-        return " + ".join(terms) if terms else "0LL"
+    def wstride(self, n: int) -> str:
+        return f"YR_WSTRIDE({n})"
 
-    def _gidx(self, acc: TileAccess, e: str) -> str:
-        buf = self.plan.buffer(acc.buffer)
-        terms = []
-        for d, t in enumerate(acc.tile):
-            if t == 1:
-                continue
-            c = _coord(e, acc.tile, d)
-            s = buf.strides[d]
-            terms.append(c if s == 1 else f"{c} * {s}")
-        return " + ".join(terms) if terms else "0"
+    def smem_error(self, total: int) -> str:
+        return (
+            f"kernel {self.k.name!r}: the CUDA C++ printer needs {total} bytes of shared "
+            f"memory (> {self.smem_limit}); use the Triton path for this plan"
+        )
 
-    def _vec_ok(self, acc: TileAccess, esize: int) -> bool:
+    def vector_load(self, acc: TileAccess, slot: Slot, g: str, esize: int) -> list[str] | None:
+        """16-byte ``uint4`` copies when the tile rows and their offsets are 16-byte aligned."""
         buf = self.plan.buffer(acc.buffer)
         if (acc.tile[-1] * esize) % 16 or (buf.dims[-1] * esize) % 16:
-            return False
-        return all((t.stride * esize) % 16 == 0 for t in acc.offsets[-1])
-
-    def load_code(self, o: TileOp, slot: _Slot, it: str) -> list[str]:
-        acc = self.k.inputs[o.attr("input")]
-        buf = self.plan.buffer(acc.buffer)
-        esize = 4 if buf.dtype == "float32" else 2
-        n = math.prod(acc.tile)
-        lines = [
-            f"{{  // load input {o.attr('input')} (buffer {acc.buffer}) tile {list(acc.tile)}",
-            f"  const long long base = {self._base(acc, it)};",
+            return None
+        if any((t.stride * esize) % 16 for t in acc.offsets[-1]):
+            return None
+        vec = 16 // esize
+        body = [
+            f"const int e = v * {vec};",
+            f"*reinterpret_cast<uint4*>(&{slot.name}[e]) = "
+            f"*reinterpret_cast<const uint4*>(&{g}[base + {self._gidx(acc, 'e')}]);",
         ]
-        g = f"g{acc.buffer}"
-        if self._vec_ok(acc, esize):
-            vec = 16 // esize
-            body = [
-                f"const int e = v * {vec};",
-                f"*reinterpret_cast<uint4*>(&{slot.name}[e]) = "
-                f"*reinterpret_cast<const uint4*>(&{g}[base + {self._gidx(acc, 'e')}]);",
-            ]
-            lines += ["  " + x for x in self.loop(n // vec, body, "v")]
-        else:
-            body = [f"{slot.name}[e] = {g}[base + {self._gidx(acc, 'e')}];"]
-            lines += ["  " + x for x in self.loop(n, body, "e")]
-        lines.append("}")
+        return self.loop(math.prod(acc.tile) // vec, body, "v")
+
+    def kernel_head(self) -> list[str]:
+        k = self.k
+        params = []
+        for b in self.params:
+            buf = self.plan.buffer(b)
+            ct = "float" if buf.dtype == "float32" else "yr_u16"
+            written = (*k.outputs, *self.stores)
+            const = "const " if all(acc.buffer != b for acc in written) else ""
+            params.append(f"{const}{ct}* __restrict__ g{b}")
+        lines = [
+            f'extern "C" YR_GLOBAL void YR_BOUNDS({self.threads}) '
+            f"{k.name}({', '.join(params)} YR_EXTRA_PARAMS) {{",
+            f"  // grid {list(k.grid)}, {self.threads} threads, forloop {k.forloop_range}",
+            "  YR_SMEM_DECL",
+            "  const int tid = YR_TID, lane = tid & 31, warp = tid >> 5;",
+            "  const int bx = YR_BX, by = YR_BY, bz = YR_BZ;",
+            "  (void)lane; (void)warp; (void)bx; (void)by; (void)bz;",
+        ]
+        for s in sorted(self.placed, key=lambda p: p.offset):
+            lines.append(
+                f"  {s.ctype()}* {s.name} = reinterpret_cast<{s.ctype()}*>(yr_smem + {s.offset});"
+            )
+            lines.append(f"  (void){s.name};")
         return lines
 
-    def shifted_load_code(self, o: TileOp, slot: _Slot, it: str, raise_max: bool) -> list[str]:
-        """A shifted tile loaded times exp(m - M) (M read as 0 where it is -inf), after
-        raising the running max first if ``raise_max``."""
-        acc = self.k.inputs[o.attr("input")]
-        sl = acc.shift_load
-        assert sl is not None
-        buf = self.plan.buffer(acc.buffer)
-        conv = {"float32": "{}", "float16": "yr_h2f({})", "bfloat16": "yr_b2f({})"}[buf.dtype]
-        cols, mcols = acc.tile[-1], sl.access.tile[-1]
-        big_m = self.group_m[self.carry_gi]
-        el = conv.format(f"g{acc.buffer}[base + {self._gidx(acc, 'e')}]")
-        m = f"g{sl.access.buffer}[mbase + {self._gidx(sl.access, 'me')}]"
-        body = [
-            f"const int r = e / {cols};",
-            f"const int me = r * {mcols} + (e % {cols}) / {sl.width};",
-            f"const float mz = {big_m.name}[r] == (-1.0f/0.0f) ? 0.0f : {big_m.name}[r];",
-            f"{slot.name}[e] = {el} * expf({m} - mz);",
-        ]
-        lines = [*self.carry_raise_code(it), "YR_SYNC();"] if raise_max else []
-        return [
-            *lines,
-            f"{{  // load shifted input {o.attr('input')} (buffer {acc.buffer}) times exp(m - M)",
-            f"  const long long base = {self._base(acc, it)};",
-            f"  const long long mbase = {self._base(sl.access, it)};",
-            *("  " + x for x in self.loop(math.prod(acc.tile), body, "e")),
-            "}",
-        ]
-
-    def carry_raise_code(self, it: str) -> list[str]:
-        """The running max of every row raised to the maxima of all shifted tiles (with
-        ``carryalpha`` = exp(old - new), 0 while the old one is -inf, when it runs in the loop)."""
-        gi = self.carry_gi
-        big_m, alpha = self.group_m[gi], self.group_alpha[gi]
-        body = ["float mx = (-1.0f/0.0f);"]
-        for o in self.carry_loads:
-            sl = self.k.inputs[o.attr("input")].shift_load
-            assert sl is not None
-            c = sl.access.tile[-1]
-            base = self._base(sl.access, it)
-            m = f"g{sl.access.buffer}[{base} + {self._gidx(sl.access, f'(r * {c} + c)')}]"
-            body.append(f"for (int c = 0; c < {c}; ++c) mx = fmaxf(mx, {m});")
-        if self.group_running[gi]:
-            body += [
-                f"const float mo = {big_m.name}[r];",
-                "const float mn = fmaxf(mo, mx);",
-                f"{alpha.name}[r] = mo == (-1.0f/0.0f) ? 0.0f : expf(mo - mn);",
-                f"{big_m.name}[r] = mn;",
-            ]
-        else:
-            body.append(f"{big_m.name}[r] = mx;")
-        return [
-            "// raise the running max of the shifted partials",
-            *self.loop(big_m.numel, body, "r"),
-        ]
-
-    def shift_store_code(self) -> list[str]:
-        """Each group's row max into its ``shift_store`` (one value per row)."""
-        out = []
-        for gi, g in enumerate(self.k.safe_softmax):
-            st = g.shift_store
-            if st is None:
-                continue
-            body = [f"g{st.buffer}[base + {self._gidx(st, 'e')}] = {self.group_m[gi].name}[e];"]
-            out += [
-                f"{{  // store the row max of group {gi} (buffer {st.buffer})",
-                f"  const long long base = {self._base(st, '0')};",
-                *("  " + x for x in self.loop(math.prod(st.tile), body, "e")),
-                "}",
-            ]
-        return out
-
-    def store_code(self, idx: int, acc: TileAccess) -> list[str]:
-        assert acc.src is not None
-        buf = self.plan.buffer(acc.buffer)
-        src = self.slots[acc.src]
-        val = src.read("e")
-        conv = {"float32": "{}", "float16": "yr_f2h({})", "bfloat16": "yr_f2b({})"}[buf.dtype]
-        body = [f"g{acc.buffer}[base + {self._gidx(acc, 'e')}] = {conv.format(val)};"]
-        return [
-            f"{{  // store output {idx} (buffer {acc.buffer}) from op {acc.src}",
-            f"  const long long base = {self._base(acc, '0')};",
-            *("  " + x for x in self.loop(math.prod(acc.tile), body, "e")),
-            "}",
-        ]
-
-    # -- ops --------------------------------------------------------------------------------------
-    def unary_expr(self, name: str, x: str, p: Sequence[float]) -> str:
-        return {
-            "exp": f"expf({x})",
-            "square": f"{x} * {x}",
-            "sqrt": f"sqrtf({x})",
-            "rsqrt": f"rsqrtf({x})",
-            "silu": f"{x} / (1.0f + expf(-{x}))",
-            "gelu": f"0.5f * {x} * (1.0f + erff({x} * 0.70710678118654752f))",
-            "relu": f"fmaxf({x}, 0.0f)",
-            "sigmoid": f"1.0f / (1.0f + expf(-{x}))",
-            "tanh": f"tanhf({x})",
-            "neg": f"-{x}",
-            "mul_scalar": f"{x} * {_flt(p[0]) if p else '1.0f'}",
-            "clamp": f"fminf(fmaxf({x}, {_flt(p[0])}), {_flt(p[1])})" if len(p) == 2 else x,
-        }[name]
-
-    def op_step(self, o: TileOp, it: str) -> _Step:
-        kind = o.op
-        args = [self.slots[a] for a in o.args]
-        adims = [self.by_id[a].dims for a in o.args]
-        n = math.prod(o.dims)
-        if kind == "input":
-            buf = self.plan.buffer(self.k.inputs[o.attr("input")].buffer)
-            if self.k.inputs[o.attr("input")].shift_load is not None:
-                s = self.slot_for(o)
-                first, self.carry_raised = not self.carry_raised, True
-                carry = [self.group_m[self.carry_gi], self.group_alpha[self.carry_gi]]
-                return _Step(lambda: self.shifted_load_code(o, s, it, first), [s], carry)
-            s = self.slot_for(o, "f32" if buf.dtype == "float32" else buf.dtype)
-            return _Step(lambda: self.load_code(o, s, it), [s])
-        if kind == "matmul":
-            return self.matmul_step(o)
-        if kind == "unary":
-            if o.id in self.group_of_exp:
-                return self.safe_exp_step(o)
-            s = self.slot_for(o)
-            x = args[0]
-            body = [
-                f"const float x = {x.read('i')};",
-                f"{s.name}[i] = {self.unary_expr(o.attr('unop'), 'x', o.attr('params'))};",
-            ]
-            return _Step(lambda: self.loop(n, body), [s], [x])
-        if kind == "binary":
-            s = self.slot_for(o)
-            a, b = args
-            ea = a.read(_bcast_index("i", o.dims, adims[0]))
-            eb = b.read(_bcast_index("i", o.dims, adims[1]))
-            name = o.attr("binop")
-            expr = (
-                f"powf({ea}, {eb})"
-                if name == "pow"
-                else f"{ea} {dict(add='+', sub='-', mul='*', div='/')[name]} {eb}"
-            )
-            return _Step(lambda: self.loop(n, [f"{s.name}[i] = {expr};"]), [s], [a, b])
-        if kind == "reduction":
-            s = self.slot_for(o)
-            x = args[0]
-            d = o.attr("dim")
-            xd = adims[0]
-            if d == len(xd) - 1 and xd[-1] >= 32:
-                cols = xd[-1]
-                lines = self.row_reduce(
-                    n,
-                    cols,
-                    lambda r, c: x.read(f"{r} * {cols} + {c}"),
-                    lambda r, a_: [f"{s.name}[{r}] = {a_};"],
-                )
-                return _Step(lambda: lines, [s], [x])
-            return _Step(lambda: self.loop(n, self.sum_along(s, x, o.dims, xd, d, "i")), [s], [x])
-        if kind == "reduction_to_dimx":
-            s = self.slot_for(o)
-            x = args[0]
-            return _Step(
-                lambda: self.loop(
-                    n,
-                    self.to_dimx(
-                        s, x, o.dims, adims[0], o.attr("dim"), o.attr("dimx"), f"{s.name}[i] = acc;"
-                    ),
-                ),
-                [s],
-                [x],
-            )
-        if kind == "rms_norm":
-            s = self.slot_for(o)
-            x = args[0]
-            cols = o.dims[-1]
-            rows = n // cols
-            tmp = self.temp(f"r{o.id}", "f32", rows)
-            eps = _flt(o.attr("eps"))
-
-            def code() -> list[str]:
-                out = self.row_reduce(
-                    rows,
-                    cols,
-                    lambda r, c: (
-                        f"{x.read(f'{r} * {cols} + {c}')} * {x.read(f'{r} * {cols} + {c}')}"
-                    ),
-                    lambda r, a_: [f"{tmp.name}[{r}] = sqrtf({a_} / {cols}.0f + {eps});"],
-                )
-                out.append("YR_SYNC();")
-                out += self.loop(n, [f"{s.name}[i] = {x.read('i')} / {tmp.name}[i / {cols}];"])
-                return out
-
-            return _Step(code, [s], [x], [tmp])
-        if kind == "concat":
-            s = self.slot_for(o)
-            d = o.attr("dim")
-            body = [f"const int c = {_coord('i', o.dims, d)};"]
-            start = 0
-            conds = []
-            for a, dims in zip(args, adims, strict=True):
-                # index into the piece: same coords, coordinate along d shifted by start
-                strides_o = _strides(o.dims)
-                strides_a = _strides(dims)
-                terms = []
-                for dd in range(len(dims)):
-                    c = f"(c - {start})" if dd == d else _coord("i", o.dims, dd)
-                    if dims[dd] == 1:
-                        continue
-                    terms.append(c if strides_a[dd] == 1 else f"{c} * {strides_a[dd]}")
-                del strides_o
-                conds.append((start + dims[d], a.read(" + ".join(terms) if terms else "0")))
-                start += dims[d]
-            expr = conds[-1][1]
-            for hi, e in reversed(conds[:-1]):
-                expr = f"(c < {hi} ? {e} : {expr})"
-            body.append(f"{s.name}[i] = {expr};")
-            return _Step(lambda: self.loop(n, body), [s], list(args))
-        raise CodegenError(f"kernel {self.k.name!r}: CUDA C++ printer has no rule for op {kind!r}")
-
-    def sum_along(
-        self, s: _Slot, x: _Slot, odims: Sequence[int], xdims: Sequence[int], d: int, i: str
-    ) -> list[str]:
-        xs = _strides(xdims)
-        base_terms = []
-        for dd in range(len(xdims)):
-            if dd == d or xdims[dd] == 1:
-                continue
-            c = _coord(i, odims, dd)
-            base_terms.append(c if xs[dd] == 1 else f"{c} * {xs[dd]}")
-        base = " + ".join(base_terms) if base_terms else "0"
-        return [
-            f"const int b0 = {base};",
-            "float acc = 0.0f;",
-            f"for (int r = 0; r < {xdims[d]}; ++r) acc += {x.read(f'b0 + r * {xs[d]}')};",
-            f"{s.name}[{i}] = acc;",
-        ]
-
-    def to_dimx(
-        self,
-        s: _Slot,
-        x: _Slot,
-        odims: Sequence[int],
-        xdims: Sequence[int],
-        d: int,
-        dimx: int,
-        result: str,
-    ) -> list[str]:
-        xs = _strides(xdims)
-        terms = []
-        for dd in range(len(xdims)):
-            if xdims[dd] == 1:
-                continue
-            c = _coord("i", odims, dd)
-            terms.append(c if xs[dd] == 1 else f"{c} * {xs[dd]}")
-        base = " + ".join(terms) if terms else "0"
-        groups = xdims[d] // dimx
-        return [
-            f"const int b0 = {base};",
-            "float acc = 0.0f;",
-            f"for (int g = 0; g < {groups}; ++g) acc += {x.read(f'b0 + g * {dimx * xs[d]}')};",
-            result,
-        ]
-
-    # -- matmul -----------------------------------------------------------------------------------
-    def matmul_step(self, o: TileOp) -> _Step:
+    def matmul_step(self, o: TileOp) -> Step:
+        """Tensor-core ``mma.sync.m16n8k16`` for 16-bit graphs (operands staged into 16-bit
+        tiles padded to the MMA shape), the FMA loop otherwise."""
+        if self.mma_dtype is None:
+            return super().matmul_step(o)
         a_id, b_id = o.args
         a, b = self.slots[a_id], self.slots[b_id]
         ad, bd = self.by_id[a_id].dims, self.by_id[b_id].dims
@@ -644,20 +267,10 @@ class _CudaKernelPrinter:
         m, kk = ad[-2], ad[-1]
         nn = bd[-1]
         s = self.slot_for(o)
-        if self.mma_dtype is None:
-            body = [
-                f"const int bb = i / {m * nn}, mi = (i / {nn}) % {m}, ni = i % {nn};",
-                "float acc = 0.0f;",
-                f"for (int k = 0; k < {kk}; ++k) acc += "
-                f"{a.read(f'bb * {m * kk} + mi * {kk} + k')} * "
-                f"{b.read(f'bb * {kk * nn} + k * {nn} + ni')};",
-                f"{s.name}[i] = acc;",
-            ]
-            return _Step(lambda: self.loop(batch * m * nn, body), [s], [a, b])
         dt = self.mma_dtype
         mp, np_, kp = -(-m // 16) * 16, -(-nn // 8) * 8, -(-kk // 16) * 16
         conv = "yr_f2h" if dt == "float16" else "yr_f2b"
-        temps: list[_Slot] = []
+        temps: list[Slot] = []
         code: list[str] = []
         # operand A [batch][mp][kp], operand B [batch][kp][np]
         if a.kind == dt and mp == m and kp == kk:
@@ -694,7 +307,7 @@ class _CudaKernelPrinter:
                 ],
             )
         if temps:
-            code.append("YR_SYNC();")
+            code.append(self.SYNC)
         tiles_m, tiles_n = mp // 16, np_ // 8
         ntiles = batch * tiles_m * tiles_n
         conv_in = "yr_h2f" if dt == "float16" else "yr_b2f"
@@ -744,278 +357,7 @@ class _CudaKernelPrinter:
             "#endif",
             "}",
         ]
-        return _Step(lambda: code, [s], [a, b], temps)
-
-    # -- safe softmax -----------------------------------------------------------------------------
-    def safe_exp_step(self, o: TileOp) -> _Step:
-        gi = self.group_of_exp[o.id]
-        x = self.slots[o.args[0]]
-        xd = self.by_id[o.args[0]].dims
-        cols = xd[-1]
-        rows = math.prod(xd) // cols
-        s = self.slot_for(o)
-        m = self.group_m[gi]
-        alpha = self.group_alpha[gi]
-        running = self.group_running[gi]
-
-        def result(r: str, a: str) -> list[str]:
-            if running:
-                return [
-                    f"const float mn = fmaxf({m.name}[{r}], {a});",
-                    f"{alpha.name}[{r}] = expf({m.name}[{r}] - mn);",
-                    f"{m.name}[{r}] = mn;",
-                ]
-            return [f"{m.name}[{r}] = {a};"]
-
-        def code() -> list[str]:
-            out = self.row_reduce(
-                rows, cols, lambda r, c: x.read(f"{r} * {cols} + {c}"), result, op="max"
-            )
-            out.append("YR_SYNC();")
-            out += self.loop(
-                rows * cols, [f"{s.name}[i] = expf({x.read('i')} - {m.name}[i / {cols}]);"]
-            )
-            return out
-
-        return _Step(code, [s], [x, m, alpha])
-
-    def rescale(self, acc_id: int, idx: str) -> str:
-        """Factor ``* alpha`` for the safe-softmax groups of accumulator ``acc_id``."""
-        f = ""
-        o = self.by_id[acc_id]
-        for gi in self.groups_of_acc.get(acc_id, []):
-            if self.group_running[gi]:
-                alpha = self.group_alpha[gi]
-                f += f" * {alpha.read(_bcast_index(idx, o.dims, self.group_rows[gi]))}"
-        return f
-
-    # -- accumulators -----------------------------------------------------------------------------
-    def accum_step(self, o: TileOp) -> _Step:
-        s = self.slots[o.id]
-        x = self.slots[o.args[0]]
-        xd = self.by_id[o.args[0]].dims
-        kind = o.attr("acc")
-        n = math.prod(o.dims)
-        groups = [self.group_alpha[g] for g in self.groups_of_acc.get(o.id, [])]
-        if kind == "iter":
-            body = [f"{s.name}[i] = {s.name}[i]{self.rescale(o.id, 'i')} + {x.read('i')};"]
-            return _Step(lambda: self.loop(n, body), [], [s, x, *groups])
-        if kind in ("sum", "rms"):
-            cols = xd[-1]
-            sq = kind == "rms"
-
-            def expr(r: str, c: str) -> str:
-                v = x.read(f"{r} * {cols} + {c}")
-                return f"{v} * {v}" if sq else v
-
-            def code() -> list[str]:
-                return self.row_reduce(
-                    n,
-                    cols,
-                    expr,
-                    lambda r, a: [f"{s.name}[{r}] = {s.name}[{r}]{self.rescale(o.id, r)} + {a};"],
-                )
-
-            return _Step(code, [], [s, x, *groups])
-        dimx = o.attr("dimx")
-        line = f"{s.name}[i] = {s.name}[i]{self.rescale(o.id, 'i')} + acc;"
-        return _Step(
-            lambda: self.loop(n, self.to_dimx(s, x, o.dims, xd, len(xd) - 1, dimx, line)),
-            [],
-            [s, x, *groups],
-        )
-
-    # -- kernel -----------------------------------------------------------------------------------
-    def build(self) -> tuple[list[str], int]:
-        k = self.k
-        hoisted = [o for o in k.ops if o.phase == "pre" or o.id in self.invariant]
-        loop_ops = [o for o in k.ops if o not in hoisted and o.phase in ("loop", "accum")]
-        # invariant values only the epilogue reads are computed after the loop (their
-        # shared memory is then free during it)
-        needed: set[int] = set()
-        for o in reversed(k.ops):
-            if o in loop_ops or o.id in needed:
-                needed.update(o.args)
-        pre_ops = [o for o in hoisted if o.id in needed]
-        post_ops = [o for o in hoisted if o.id not in needed]
-        post_ops += [o for o in k.ops if o.phase == "epilogue"]
-        accums = [o for o in k.ops if o.op == "accum"]
-        # group state
-        for gi, g in enumerate(k.safe_softmax):
-            e = self.by_id[g.exp]
-            xd = self.by_id[e.args[0]].dims
-            self.group_rows[gi] = (*xd[:-1], 1)
-            rows = math.prod(xd[:-1])
-            self.group_m[gi] = _Slot(f"rowmax{gi}", "f32", rows)
-            self.group_alpha[gi] = _Slot(f"rowalpha{gi}", "f32", rows)
-            self.group_running[gi] = e.phase == "loop" and e.id not in self.invariant
-            if e.phase == "epilogue" and g.accums:
-                raise CodegenError(
-                    f"kernel {k.name!r}: epilogue exp {g.exp} cannot feed accumulators"
-                )
-            for a in g.accums:
-                od = self.by_id[a].dims
-                if len(od) != len(xd) or any(
-                    p != 1 and p != q for p, q in zip(self.group_rows[gi], od, strict=True)
-                ):
-                    raise CodegenError(
-                        f"kernel {k.name!r}: safe_softmax rows {list(self.group_rows[gi])} "
-                        f"do not broadcast to "
-                        f"accumulator {a} {list(od)}"
-                    )
-        if self.carry_loads:
-            gi = self.carry_gi
-            carry_rows = self.carry_loads[0].dims[:-1]
-            self.group_rows[gi] = (*carry_rows, 1)
-            self.group_m[gi] = _Slot("carrymax", "f32", math.prod(carry_rows))
-            self.group_alpha[gi] = _Slot("carryalpha", "f32", math.prod(carry_rows))
-            self.group_running[gi] = self.carry_loads[0].id not in self.invariant
-            for a in self.k.shift_carry.accums if self.k.shift_carry else ():
-                od = self.by_id[a].dims
-                if od[:-1] != carry_rows:
-                    raise CodegenError(
-                        f"kernel {k.name!r}: shift_carry rows {list(carry_rows)} are not "
-                        f"those of accumulator {a} {list(od)}"
-                    )
-        for o in accums:
-            self.slot_for(o)
-        # schedule
-        for o in pre_ops:
-            st = self.op_step(o, "0")
-            st.section = "pre"
-            self.steps.append(st)
-        acc_slots = [self.slots[o.id] for o in accums]
-        gm = list(self.group_m.values()) + list(self.group_alpha.values())
-
-        def init_code() -> list[str]:
-            out = []
-            for s in acc_slots:
-                out += self.loop(s.numel, [f"{s.name}[i] = 0.0f;"])
-            for gi, m in self.group_m.items():
-                if self.group_running[gi]:
-                    out += self.loop(
-                        m.numel,
-                        [f"{m.name}[i] = (-1.0f/0.0f);", f"{self.group_alpha[gi].name}[i] = 1.0f;"],
-                    )
-            return out
-
-        self.steps.append(_Step(init_code, [*acc_slots, *gm], [], section="init"))
-        for o in loop_ops:
-            st = self.accum_step(o) if o.op == "accum" else self.op_step(o, "it")
-            st.section = "loop"
-            self.steps.append(st)
-        for o in accums:
-            if o.attr("acc") == "rms":
-                s = self.slots[o.id]
-                eps, ext = _flt(o.attr("eps")), o.attr("extent")
-                body = [f"{s.name}[i] = sqrtf({s.name}[i] / {ext}.0f + {eps});"]
-                lines = self.loop(s.numel, body)
-                self.steps.append(_Step(_const(lines), [], [s], section="post"))
-        for o in post_ops:
-            st = self.op_step(o, "0")
-            st.section = "post"
-            self.steps.append(st)
-        store_reads = [self.slots[out.src] for out in k.outputs if out.src is not None]
-        store_reads += [self.group_m[gi] for gi, g in enumerate(k.safe_softmax) if g.shift_store]
-
-        def stores() -> list[str]:
-            out = []
-            for i, acc in enumerate(k.outputs):
-                out += self.store_code(i, acc)
-            return out + self.shift_store_code()
-
-        self.steps.append(_Step(stores, [], store_reads, section="post"))
-        smem = self.allocate()
-        return self.emit(), smem
-
-    def allocate(self) -> int:
-        """First-fit shared-memory offsets over live ranges; returns the bytes needed."""
-        pos = {}
-        first_loop = next((i for i, s in enumerate(self.steps) if s.section == "loop"), None)
-        last_loop = max((i for i, s in enumerate(self.steps) if s.section == "loop"), default=None)
-        all_slots: dict[int, _Slot] = {}
-        for i, st in enumerate(self.steps):
-            for s in (*st.defines, *st.temps):
-                if id(s) not in pos:
-                    pos[id(s)] = [i, i]
-                    all_slots[id(s)] = s
-            for s in st.reads:
-                if id(s) not in pos:
-                    pos[id(s)] = [i, i]
-                    all_slots[id(s)] = s
-                pos[id(s)][1] = max(pos[id(s)][1], i)
-        if first_loop is not None and last_loop is not None:
-            for key, (a, b) in pos.items():
-                # read inside the loop but defined before it: live for the whole loop
-                if a < first_loop and first_loop <= b <= last_loop:
-                    pos[key][1] = last_loop
-                # accumulators / running maxima defined before the loop and read in it
-        placed: list[_Slot] = []
-        for key in sorted(pos, key=lambda k: (pos[k][0], -all_slots[k].nbytes)):
-            s = all_slots[key]
-            s.start, s.end = pos[key]
-            size = -(-s.nbytes // _ALIGN) * _ALIGN
-            off = 0
-            for other in sorted(
-                (p for p in placed if not (p.end < s.start or s.end < p.start)),
-                key=lambda p: p.offset,
-            ):
-                osize = -(-other.nbytes // _ALIGN) * _ALIGN
-                if off + size <= other.offset:
-                    break
-                off = max(off, other.offset + osize)
-            s.offset = off
-            placed.append(s)
-        total = max((p.offset + -(-p.nbytes // _ALIGN) * _ALIGN for p in placed), default=0)
-        self.placed = placed
-        if total > self.opts.smem_limit:
-            raise CodegenError(
-                f"kernel {self.k.name!r}: the CUDA C++ printer needs {total} bytes of shared "
-                "memory "
-                f"(> {self.opts.smem_limit}); use the Triton path for this plan"
-            )
-        return total
-
-    def emit(self) -> list[str]:
-        k = self.k
-        params = []
-        for b in self.params:
-            buf = self.plan.buffer(b)
-            ct = "float" if buf.dtype == "float32" else "yr_u16"
-            written = (*k.outputs, *self.stores)
-            const = "const " if all(acc.buffer != b for acc in written) else ""
-            params.append(f"{const}{ct}* __restrict__ g{b}")
-        lines = [
-            f'extern "C" YR_GLOBAL void YR_BOUNDS({self.threads}) '
-            f"{k.name}({', '.join(params)} YR_EXTRA_PARAMS) {{",
-            f"  // grid {list(k.grid)}, {self.threads} threads, forloop {k.forloop_range}",
-            "  YR_SMEM_DECL",
-            "  const int tid = YR_TID, lane = tid & 31, warp = tid >> 5;",
-            "  const int bx = YR_BX, by = YR_BY, bz = YR_BZ;",
-            "  (void)lane; (void)warp; (void)bx; (void)by; (void)bz;",
-        ]
-        for s in sorted(self.placed, key=lambda p: p.offset):
-            lines.append(
-                f"  {s.ctype()}* {s.name} = reinterpret_cast<{s.ctype()}*>(yr_smem + {s.offset});"
-            )
-            lines.append(f"  (void){s.name};")
-        in_loop = False
-        for st in self.steps:
-            if st.section == "loop" and not in_loop:
-                lines.append("  YR_SYNC();")
-                lines.append(f"  for (int it = 0; it < {k.forloop_range}; ++it) {{")
-                lines.append("    YR_SYNC();")
-                in_loop = True
-            elif st.section != "loop" and in_loop:
-                lines.append("  }")
-                in_loop = False
-            ind = "    " if in_loop else "  "
-            lines += [ind + line for line in st.code()]
-            lines.append(ind + "YR_SYNC();")
-        if in_loop:
-            lines.append("  }")
-        lines.append("}")
-        return lines
+        return Step(lambda: code, [s], [a, b], temps)
 
 
 def generate_cuda(plan: object, options: CudaCppOptions | None = None) -> CudaCppSource:
