@@ -42,6 +42,7 @@ class Ran:
     candidates: int
     kernels: int
     max_ub_bytes: int
+    plans: list[Any]
 
     def __str__(self) -> str:
         return (
@@ -62,9 +63,10 @@ def run_candidates(backend: Any, name: str, dtype: str) -> Ran:
     arrays = check_inputs(graph, seed=11)
     tensors = backend.from_numpy(arrays, [t.dtype.name for t in graph.inputs])
     reference = graph.evaluate([to_numpy64(t) for t in tensors])
-    kernels, ub = 0, 0
+    kernels, ub, plans = 0, 0, []
     for cand in result.candidates:
-        printed = backend.codegen(cand.kernel_plan())
+        plans.append(cand.kernel_plan())
+        printed = backend.codegen(plans[-1])
         kernels += len(printed.plan.generated)
         ub = max([ub, *(f.ub_bytes for f in printed.footprints)])
         kernel = backend.load(backend.compile(printed))
@@ -73,7 +75,7 @@ def run_candidates(backend: Any, name: str, dtype: str) -> Ran:
             for o, r in zip(outs, reference, strict=True):
                 err = rel(to_numpy64(o), np.asarray(r))
                 assert err <= TOL[dtype], (name, dtype, cand.label, variant, err)
-    return Ran(len(result.candidates), kernels, ub)
+    return Ran(len(result.candidates), kernels, ub, plans)
 
 
 def run_fixture(backend: Any, case: Any, seed: int = 0) -> tuple[list[np.ndarray], list[Any]]:
