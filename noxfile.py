@@ -1,12 +1,13 @@
 """Developer and CI sessions.
 
-nox -s ci            lint, then rust, then tests, in one session that stops at the first
+nox -s ci            lint, rust, tests, then triton-ascend, in one session that stops at the first
                      failing step (what .ci/run runs; nox -t ci runs them as three sessions)
 nox -s lint          ruff, cargo fmt, clippy, mypy, stub check against the native module
 nox -s rust          cargo test --workspace --release
 nox -s tests         build the wheel, install it and the vendor packages, run pytest
 nox -s demo          superoptimize the bundled RMSNorm + Linear example and print the table
 nox -s bench         the benchmark harness (yirage bench)
+nox -s triton-ascend the Ascend printings on triton-ascend's own Triton (a ci step)
 nox -s tests-cuda    hardware tests (also -rocm, -mps, -ascend, -tpu; tags: hardware, <vendor>);
                      they skip without the device unless YIRAGE_REQUIRE_DEVICE=1
 """
@@ -30,7 +31,9 @@ TYPED_SOURCES = (
 )
 # torch (CPU use), triton (its interpreter runs the generated CUDA kernels without a GPU) and
 # matplotlib (benchmark plots) are test dependencies: without them those tests would skip.
-TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch", "triton", "matplotlib")
+# jax[tpu] (jax with libtpu): the TPU tests run the printed Pallas kernels in interpret mode
+# and compile them for v5e/v6e with libtpu, no TPU needed (about 40 s to install).
+TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch", "triton", "matplotlib", "jax[tpu]>=0.10")
 
 nox.options.sessions = ["lint", "rust", "tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -96,14 +99,14 @@ def tests(session: nox.Session) -> None:
 
 
 #: The steps of the ci session, in order.
-CI_STEPS = ("lint", "rust", "tests")
+CI_STEPS = ("lint", "rust", "tests", "triton-ascend")
 
 
 @nox.session
 def ci(session: nox.Session) -> None:
-    """lint, rust and tests, in that order, in this one session: a failing step fails the
-    session (and nox's exit status) before the next one starts, and the summary's `ci` line
-    is the outcome of all three."""
+    """lint, rust, tests and triton-ascend, in that order, in this one session: a failing step
+    fails the session (and nox's exit status) before the next one starts, and the summary's
+    `ci` line is the outcome of all of them."""
     for name in CI_STEPS:
         session.log(f"ci step: {name}")
         STEPS[name](session)
@@ -141,5 +144,39 @@ def _hardware_session(vendor: str) -> None:
 for _vendor in HARDWARE:
     _hardware_session(_vendor)
 
+#: Triton-Ascend and the module it imports without declaring it. Both it and upstream triton
+#: install the ``triton`` module, so it gets an environment of its own.
+TRITON_ASCEND = ("triton-ascend==3.2.0", "pybind11")
+
+
+def _run_on_triton_ascend(session: nox.Session) -> None:
+    """tests/ascend/test_triton_ascend.py on triton-ascend's Triton: a venv holding only
+    triton-ascend that sees this session's packages (yirage, torch, pytest) behind its own, so
+    ``import triton`` finds triton-ascend's and everything else the session's."""
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    env = Path(f"{session.virtualenv.location}-triton-ascend")
+    python = str(env / "bin" / "python")
+    if not Path(python).exists():
+        session.run("python", "-m", "venv", str(env))
+    session.run(python, "-m", "pip", "install", "-q", *TRITON_ASCEND, external=True)
+    outer = str(session.run("python", "-c", purelib, silent=True)).strip()
+    inner = str(session.run(python, "-c", purelib, silent=True, external=True)).strip()
+    Path(inner, "zz_session_packages.pth").write_text(outer + "\n", encoding="utf-8")
+    session.run(
+        python, "-m", "pytest", "tests/ascend/test_triton_ascend.py", "-p", "no:cacheprovider",
+        *session.posargs, external=True,
+    )  # fmt: skip
+
+
+@nox.session(name="triton-ascend", tags=["ascend"])
+def triton_ascend(session: nox.Session) -> None:
+    """The Ascend printings on triton-ascend's own Triton (interpreter and frontend lowering;
+    BiSheng and an NPU are not needed)."""
+    if session.name == "triton-ascend":  # alone; as a ci step the tests step installed these
+        _install_yirage(session)
+        session.install(*TEST_DEPS)
+    _run_on_triton_ascend(session)
+
+
 #: Session functions by name, for ci.
-STEPS = {"lint": lint, "rust": rust, "tests": tests}
+STEPS = {"lint": lint, "rust": rust, "tests": tests, "triton-ascend": triton_ascend}

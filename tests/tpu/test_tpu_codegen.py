@@ -319,6 +319,8 @@ def test_without_jax_the_message_names_the_install(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(importlib.util, "find_spec", no_jax)
     monkeypatch.setattr(_probe, "toolchain", lambda: {})
+    monkeypatch.setattr(_probe, "runtime_installed", lambda tools: False)
+    monkeypatch.setattr(_probe, "device_nodes", lambda: [])
     with pytest.raises(yr.BackendError, match=r"pip install yirage\[tpu\]"):
         _runtime.require_jax()
     probe = interpret_backend().probe()

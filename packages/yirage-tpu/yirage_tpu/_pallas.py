@@ -294,7 +294,7 @@ class _KernelPrinter:
             sl = self.k.inputs[i].shift_load
             assert sl is not None
             m = f"ml{i}[...]"
-            if sl.access.tile[-1] != 1:
+            if sl.access.tile[-1] != 1 and sl.width != 1:
                 m = f"jnp.repeat({m}, {sl.width}, axis=-1)"
             self.emit(f"sc{i} = jnp.exp({m} - mz_c)")
 
@@ -486,12 +486,12 @@ class _KernelPrinter:
         k, plan = self.k, self.plan
         w = self.where()
         in_specs = [_block_spec(a, f"{w}, input {i}") for i, a in enumerate(k.inputs)]
-        args = [f"b{a.buffer}" for a in k.inputs]
+        args = [a.buffer for a in k.inputs]
         for i in self.shift_refs:
             sl = k.inputs[i].shift_load
             assert sl is not None
             in_specs.append(_block_spec(sl.access, f"{w}, input {i}'s shift_load"))
-            args.append(f"b{sl.access.buffer}")
+            args.append(sl.access.buffer)
         outs = list(k.outputs)
         out_specs = [_block_spec(a, f"{w}, output {i}") for i, a in enumerate(outs)]
         for gi in self.store_refs:
@@ -507,7 +507,8 @@ class _KernelPrinter:
         ]
         scratch = [f"pltpu.VMEM({_shape(d)}, {_F32})" for _, d in self.scratch]
         grid = (*k.grid, k.forloop_range)
-        params = ", ".join(args)
+        # one parameter per operand: a kernel may read one buffer twice (e.g. two maxima)
+        params = ", ".join(f"a{i}" for i in range(len(args)))
         lines = [
             f"def {k.name}({params}{', ' if params else ''}interpret=False):",
             "    return pl.pallas_call(",

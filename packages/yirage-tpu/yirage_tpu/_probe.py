@@ -153,9 +153,10 @@ def probe() -> ProbeResult:
             kind, note = jax_tpu_kind()
             return ProbeResult(True, note, kind or _hardware(nodes), tools)
         where = "no TPU: /dev/accel* absent and no Google TPU on the PCI bus"
-        if "jax" not in tools:
-            return ProbeResult(False, f"{where}; jax not installed: {JAX_HINT}", None, tools)
         if not runtime:
+            if importlib.util.find_spec("jax") is None:
+                why = f"{where}, and libtpu not installed; jax not installed: {JAX_HINT}"
+                return ProbeResult(False, why, None, tools)
             return ProbeResult(False, f"{where}, and libtpu not installed; {LEVELS}", None, tools)
         kind, note = jax_tpu_kind()
         if kind is not None:
