@@ -9,9 +9,18 @@ gfx942, gfx90a and gfx1100 (``yirage_triton.compile_for``).
 
 from __future__ import annotations
 
+from typing import Any
+
+from yirage.plan import CodegenError, parse_plan
 from yirage.plugin import DeviceSpec, ProbeResult, VerificationLevel
 from yirage_rocm import _device_spec, _probe
-from yirage_triton import TritonBackend, TritonTarget, triton_versions
+from yirage_triton import (
+    AOT_TARGETS,
+    TritonBackend,
+    TritonPrinted,
+    TritonTarget,
+    triton_versions,
+)
 
 __all__ = ["COMPILE_OPTIONS", "TARGET", "RocmBackend"]
 
@@ -43,6 +52,11 @@ TARGET = TritonTarget(
 )
 
 
+def aot_targets(vendor: str) -> list[str]:
+    """Names of the ahead-of-time targets served by ``vendor``'s DeviceSpecs and printer."""
+    return [t.name for t in AOT_TARGETS.values() if t.vendor == vendor]
+
+
 class RocmBackend(TritonBackend):
     """AMD ROCm: Triton code from KernelPlans for AMD GPUs, run through torch for ROCm."""
 
@@ -63,6 +77,8 @@ class RocmBackend(TritonBackend):
         result = _probe.probe()
         try:
             tools = {**result.toolchain, **triton_versions()}
+            if _probe.triton_has_amd_backend():
+                tools["ahead-of-time targets"] = ", ".join(aot_targets("rocm"))
         except Exception:
             tools = dict(result.toolchain)
         return ProbeResult(result.available, result.reason, result.hardware, tools)
@@ -84,3 +100,20 @@ class RocmBackend(TritonBackend):
         if self.interpret:
             tools["mode"] = "Triton interpreter (CPU)"
         return tools
+
+    # -- codegen ---------------------------------------------------------------------------------
+    def codegen(self, plan: Any) -> TritonPrinted:
+        """Print a KernelPlan for the AMD device; CodegenError naming the kernel and the LDS
+        limit when a kernel's resident tiles exceed what one workgroup may hold (a plan made
+        for another device: the printer can lower stages, not shrink tiles)."""
+        p = parse_plan(plan)
+        limit = self.smem_limit()
+        for k in p.generated:
+            if limit is not None and k.smem_bytes > limit:
+                raise CodegenError(
+                    f"kernel {k.name!r} of plan {p.graph_hash or '?'} holds {k.smem_bytes} "
+                    f"bytes of tiles per workgroup; the {self.device_spec().name} has "
+                    f"{limit} bytes of LDS per workgroup: search with backend='rocm' (its "
+                    "DeviceSpec) for tiles that fit"
+                )
+        return super().codegen(p)

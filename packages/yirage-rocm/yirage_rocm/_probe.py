@@ -73,6 +73,18 @@ def toolchain() -> dict[str, str]:
     return found
 
 
+def triton_has_amd_backend() -> bool:
+    """Whether the installed triton carries its AMD backend (found on disk; triton is not
+    imported)."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(
+        (Path(root) / "backends" / "amd" / "compiler.py").is_file()
+        for root in spec.submodule_search_locations
+    )
+
+
 def probe() -> ProbeResult:
     """Never raises. Available when an AMD GPU is visible (/dev/kfd with GPU nodes, or torch)."""
     try:

@@ -51,6 +51,7 @@ from yirage._report import CandidateReport, SuperoptimizeReport
 from yirage._search import Candidate, KernelPlan, SearchReport, SearchResult, search
 from yirage._superoptimize import SuperoptimizeError, superoptimize
 from yirage._version import __version__
+from yirage.export import ExportResult, export_kernels
 
 __all__ = [
     "ENV_VARS",
@@ -68,6 +69,7 @@ __all__ = [
     "DeviceSpec",
     "EnvVar",
     "EvaluationError",
+    "ExportResult",
     "GraphError",
     "KernelGraph",
     "KernelPlan",
@@ -90,6 +92,7 @@ __all__ = [
     "__version__",
     "bfloat16",
     "equivalent",
+    "export_kernels",
     "float16",
     "float32",
     "get_available_backends",

@@ -1,5 +1,5 @@
-"""Command-line interface: ``yirage doctor``, ``yirage demo``, ``yirage bench`` (also
-``python -m yirage``).
+"""Command-line interface: ``yirage doctor``, ``yirage demo``, ``yirage bench``, ``yirage
+export`` (also ``python -m yirage``).
 
 A YirageError ends the command with its message on stderr and exit status 1, without a
 Python traceback (``YIRAGE_LOGS=DEBUG`` prints the traceback too): yirage's messages name the
@@ -17,6 +17,7 @@ import platform
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from yirage import _env, _registry
@@ -164,6 +165,52 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from yirage._graph import KernelGraph
+    from yirage.export import export_kernels
+
+    if (args.workload is None) == (args.graph is None):
+        _error("give one of --workload NAME or --graph FILE.json (see yirage export --help)")
+        return EXIT_USAGE
+    graph: KernelGraph | str
+    if args.graph is not None:
+        try:
+            text = Path(args.graph).read_text(encoding="utf-8")
+        except OSError as exc:
+            _error(f"cannot read --graph {args.graph}: {exc.strerror}")
+            return EXIT_USAGE
+        graph = KernelGraph.from_json(text)
+    else:
+        graph = args.workload
+    result = export_kernels(
+        graph,
+        args.target,
+        args.out,
+        preset=args.preset,
+        device=args.device,
+        top_k=args.top_k,
+        time_limit=args.time_limit,
+        allow_spills=args.allow_spills,
+    )
+    if args.json:
+        print(json.dumps(result.manifest, indent=1, sort_keys=True))
+        return 0
+    target = result.manifest["target"]
+    print(f"exported to {result.out_dir} for {target['name']} ({target['description']})")
+    for c in result.manifest["candidates"]:
+        if "error" in c:
+            print(f"  {c['candidate']}: refused: {c['error']}")
+            continue
+        kernels = ", ".join(
+            f"{name} (LDS {k['shared']} B"
+            + (f", {k['registers']['vgpr']} VGPRs" if "vgpr" in k["registers"] else "")
+            + ")"
+            for name, k in c["kernels"].items()
+        )
+        print(f"  {c['candidate']}: {c['label']}: {kernels or 'library kernels only'}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (the usage itself is one ``--help`` away)."""
 
@@ -201,6 +248,37 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(func=_cmd_demo)
+    export = sub.add_parser(
+        "export",
+        help="search a graph or bundled workload for a GPU target and write the sources and "
+        "compiled code objects of its candidates to a directory (no GPU needed)",
+    )
+    export.add_argument(
+        "--target",
+        required=True,
+        help="gfx942 (MI300X/MI325X), gfx90a (MI250X/MI210), gfx1100 (RX 7900 XTX), "
+        "sm_90 (H100/H200) or sm_80 (A100)",
+    )
+    export.add_argument("--out", required=True, help="output directory")
+    export.add_argument("--workload", default=None, help="a bundled workload (see yirage demo)")
+    export.add_argument(
+        "--graph", default=None, help="a KernelGraph as JSON (KernelGraph.to_json())"
+    )
+    export.add_argument("--preset", default="gpu", help="the workload's size preset (default: gpu)")
+    export.add_argument(
+        "--device", default=None, help="a table device of the target (default: the first)"
+    )
+    export.add_argument("--top-k", type=int, default=4, help="candidates to export (default: 4)")
+    export.add_argument(
+        "--time-limit", type=float, default=60, help="search time limit, s (default: 60)"
+    )
+    export.add_argument(
+        "--allow-spills",
+        action="store_true",
+        help="export kernels that spill registers to scratch instead of refusing them",
+    )
+    export.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    export.set_defaults(func=_cmd_export)
     add_bench_parser(sub)
     return parser
 
