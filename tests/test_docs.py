@@ -64,10 +64,12 @@ class _FakeNox(types.ModuleType):
 class _FakeSession:
     """Records the commands a session runs; the first one starting with ``fail`` raises."""
 
-    def __init__(self, fail: str | None) -> None:
+    def __init__(self, fail: str | None, venv: Path) -> None:
         self.posargs: list[str] = []
         self.fail = fail
         self.commands: list[str] = []
+        self.name = "ci"
+        self.virtualenv = types.SimpleNamespace(location=str(venv))
 
     def log(self, *args: Any) -> None:
         pass
@@ -78,7 +80,7 @@ class _FakeSession:
     def chdir(self, path: Any) -> Any:
         return contextlib.nullcontext()
 
-    def run(self, *args: str, **kwargs: Any) -> None:
+    def run(self, *args: str, **kwargs: Any) -> str:
         command = " ".join(args)
         self.commands.append(command)
         if args[:2] == ("maturin", "build"):  # the wheel the later steps install
@@ -86,26 +88,29 @@ class _FakeSession:
             (out / "yirage-0.0.0-cp310-abi3-any.whl").touch()
         if self.fail is not None and command.startswith(self.fail):
             raise RuntimeError(f"{command} failed")
+        # what a silent run prints: here only the site-packages path the ascend step asks for
+        return self.virtualenv.location if kwargs.get("silent") else ""
 
 
 def test_the_ci_session_runs_every_step_in_order_and_stops_at_a_failure(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`nox -s ci` is one session running lint, rust and tests in order: it succeeds only
-    when they all do, and a failing step ends it (nox then reports `ci` failed and exits
-    non-zero) before the next step starts."""
+    """`nox -s ci` is one session running lint, rust, tests and triton-ascend in order: it
+    succeeds only when they all do, and a failing step ends it (nox then reports `ci` failed
+    and exits non-zero) before the next step starts."""
     monkeypatch.setitem(sys.modules, "nox", _FakeNox())
     noxfile = runpy.run_path(str(REPO / "noxfile.py"))
-    assert noxfile["CI_STEPS"] == ("lint", "rust", "tests")
+    assert noxfile["CI_STEPS"] == ("lint", "rust", "tests", "triton-ascend")
 
-    ok = _FakeSession(fail=None)
+    ok = _FakeSession(fail=None, venv=tmp_path)
     noxfile["ci"](ok)
     ruff = ok.commands.index("ruff check .")
     cargo_test = ok.commands.index("cargo test --workspace --release")
     pytest_run = ok.commands.index("pytest")
-    assert ruff < cargo_test < pytest_run == len(ok.commands) - 1
+    ascend = [i for i, c in enumerate(ok.commands) if "tests/ascend/test_triton_ascend.py" in c]
+    assert ruff < cargo_test < pytest_run < ascend[0] == len(ok.commands) - 1
 
-    failing = _FakeSession(fail="cargo clippy")
+    failing = _FakeSession(fail="cargo clippy", venv=tmp_path)
     with pytest.raises(RuntimeError, match="cargo clippy"):
         noxfile["ci"](failing)
     assert failing.commands[-1].startswith("cargo clippy")
