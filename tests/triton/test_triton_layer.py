@@ -175,3 +175,20 @@ def test_inputs_on_another_device_type_are_refused_with_the_fix() -> None:
     ):
         check_inputs([x], [((4, 8), "float32")], device="npu")
     assert check_inputs([x], [((4, 8), "float32")], interpret=True) == [x]
+
+
+def test_compile_options_are_printed_only_where_a_target_sets_them() -> None:
+    """A target's compile options go into every launch and the KERNELS table; without them
+    the printed text and the options key are what they were."""
+    from yirage_triton import TritonOptions, generate_triton
+
+    case = plans.gated_mlp()
+    plain = generate_triton(case.plan, TritonOptions())
+    amd = generate_triton(
+        case.plan, TritonOptions(launch_options=(("waves_per_eu", 2),), dot_sum_precision="ieee")
+    )
+    assert "waves_per_eu" not in plain.text and "'options'" not in plain.text
+    assert "dotsum" not in TritonOptions().key() and "launch" not in TritonOptions().key()
+    launches = [ln for ln in amd.text.splitlines() if "num_warps=" in ln]
+    assert launches and all(ln.count("waves_per_eu=2") == 1 for ln in launches)
+    assert "'options': {'waves_per_eu': 2}" in amd.text
