@@ -79,7 +79,7 @@ def compile_for_topology(module: ModuleType, topology: str) -> AotResult:
     except Exception as exc:
         raise BackendError(
             f"no TPU compiler for topology {topology!r} ({type(exc).__name__}: {exc}); "
-            f'install libtpu with pip install "jax[tpu]"'
+            f'libtpu comes with pip install "jax[tpu]", and one process at a time may use it'
         ) from exc
     device = desc.devices[0]
     structs = _structs(module.INPUTS, SingleDeviceSharding(device))

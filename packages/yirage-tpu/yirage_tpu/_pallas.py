@@ -20,7 +20,7 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
   once), updated every step, finalised and stored under ``pl.when(it == last)``.
 * Matmuls are ``jnp.dot`` (``lax.dot_general`` for batched tiles) with
   ``preferred_element_type=float32``: bf16 tiles go to the MXU as they are, everything else
-  is fp32. Every other op computes in fp32.
+  is fp32 at ``Precision.HIGHEST``. Every other op computes in fp32.
 * ``safe_softmax`` groups keep a running row max ``m`` (scratch, -inf at first), compute
   ``exp(min(x - m, 0))`` and rescale the accumulators the plan lists by
   ``exp(m_old - m_new)**degree`` before they add; ``scale_outputs`` are stored as they are and
@@ -50,7 +50,7 @@ from yirage.plugin import DeviceSpec
 __all__ = ["CODEGEN_VERSION", "PallasSource", "check_blocks", "generate_pallas"]
 
 #: Bumped whenever the printed text for the same plan changes (part of cache keys).
-CODEGEN_VERSION = "pallas-1"
+CODEGEN_VERSION = "pallas-2"
 #: Grid axis names in the printed index maps (the plan's block indices, then the loop).
 _AXES = ("bx", "by", "bz", "it")
 _JNP_DTYPE = {"float32": "jnp.float32", "float16": "jnp.float16", "bfloat16": "jnp.bfloat16"}
@@ -332,17 +332,19 @@ class _KernelPrinter:
             raise CodegenError(f"{self.where(o)}: the Pallas printer has no rule for this op")
 
     def dot(self, o: TileOp, a: _Val, b: _Val) -> str:
-        """fp32-accumulated matmul; bf16 tiles as they are (MXU operands), else fp32."""
+        """fp32-accumulated matmul: bf16 tiles as they are (one MXU pass), anything else in
+        fp32 at full precision (the MXU's multi-pass fp32, not one bf16 pass)."""
         if a.dtype == b.dtype == "bfloat16":
-            xa, xb = a.expr, b.expr
+            xa, xb, kw = a.expr, b.expr, f"preferred_element_type={_F32}"
         else:
             xa, xb = self.f32(a), self.f32(b)
+            kw = f"preferred_element_type={_F32}, precision=lax.Precision.HIGHEST"
         rank = len(o.dims)
         if rank == 2:
-            return f"jnp.dot({xa}, {xb}, preferred_element_type={_F32})"
+            return f"jnp.dot({xa}, {xb}, {kw})"
         batch = tuple(range(rank - 2))
         dn = f"((({rank - 1},), ({rank - 2},)), ({batch}, {batch}))"
-        return f"lax.dot_general({xa}, {xb}, {dn}, preferred_element_type={_F32})"
+        return f"lax.dot_general({xa}, {xb}, {dn}, {kw})"
 
     def group_of(self, exp_id: int) -> int | None:
         for gi, g in enumerate(self.k.safe_softmax):
