@@ -264,7 +264,7 @@ def test_device_tables_hold_the_known_chips() -> None:
         "cuda": {"H100 SXM", "H200", "A100 80GB"},
         "rocm": {"MI300X", "MI250X"},
         "mps": {"M2 Ultra", "M3 Max"},
-        "ascend": {"Ascend 910B"},
+        "ascend": {"Ascend 910B2", "Ascend 910B3", "Ascend 910B4", "Ascend 910C"},
         "tpu": {"TPU v4", "TPU v5e"},
     }
     for vendor, chips in want.items():
