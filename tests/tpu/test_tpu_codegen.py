@@ -293,6 +293,27 @@ def test_device_table_holds_v4_v5e_v5p_v6e_with_sources() -> None:
         assert spec_for_kind(kind) == KNOWN_DEVICES[key], kind
 
 
+def test_live_spec_is_the_table_entry_of_the_chip_jax_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from yirage_tpu import KNOWN_DEVICES, _device_spec
+
+    class Chip:
+        device_kind = "TPU v5 lite"
+        num_cores = 1
+
+    monkeypatch.setattr(_device_spec, "jax_tpu_device", lambda: (Chip(), "jax sees 4"))
+    spec = _device_spec.device_spec()
+    assert spec is not None and spec.source == "table+live" and spec.name == "Google TPU v5 lite"
+    assert spec.tiling == (8, 128) and spec.matrix_tile == KNOWN_DEVICES["TPU v5e"].matrix_tile
+    Chip.device_kind = "TPU v9 ultra"  # unknown: a live spec with the rule and what jax says
+    spec = _device_spec.device_spec()
+    assert spec is not None and spec.source == "live" and spec.compute_units == 1
+    assert spec.tiling == (8, 128) and spec.execution_model == "tile"
+    monkeypatch.setattr(_device_spec, "jax_tpu_device", lambda: (None, "jax sees no TPU"))
+    assert _device_spec.device_spec() is None
+
+
 def test_doctor_shows_tpu_installed_unavailable_with_reason_and_level() -> None:
     info = yr.get_backend_info("tpu")
     if info.available:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from yirage import Backend, DeviceSpec
 from yirage_tpu._pallas import VMEM_LIMIT_BYTES
-from yirage_tpu._probe import jax_tpu_kind
+from yirage_tpu._probe import jax_tpu_device
 
 __all__ = ["KNOWN_CHIPS", "KNOWN_DEVICES", "SCOPED_VMEM_BYTES", "TPU_TILING", "TpuChip"]
 
@@ -126,17 +126,21 @@ def spec_for_kind(kind: str) -> DeviceSpec | None:
 def device_spec() -> DeviceSpec | None:
     """The table entry for the chip jax reports, a minimal live spec for an unknown chip,
     or None when jax sees no TPU."""
-    kind, _ = jax_tpu_kind()
-    if kind is None:
+    device, _ = jax_tpu_device()
+    if device is None:
         return None
+    kind = str(device.device_kind)
+    # TensorCores behind one jax device: 2 on a megacore chip (v4, v5p), else 1
+    cores = getattr(device, "num_cores", None)
+    cores = int(cores) if isinstance(cores, int) and cores > 0 else None
     table = spec_for_kind(kind)
     if table is not None:
-        return table.with_live(name=f"Google {kind}")
+        return table.with_live(name=f"Google {kind}", compute_units=cores)
     return DeviceSpec(
         name=f"Google {kind}",
         vendor="Google",
         arch="tpu",
-        compute_units=None,
+        compute_units=cores,
         warp_size=None,
         max_threads_per_block=None,
         shared_mem_per_block=SCOPED_VMEM_BYTES // 2,

@@ -12,6 +12,7 @@ import glob
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 from yirage import Backend, ProbeResult
 
@@ -102,8 +103,8 @@ def runtime_installed(tools: dict[str, str]) -> bool:
         return False
 
 
-def jax_tpu_kind() -> tuple[str | None, str]:
-    """(device_kind of the first TPU or None, note), importing jax only if installed."""
+def jax_tpu_device() -> tuple[Any, str]:
+    """(the first TPU device jax sees or None, note), importing jax only if installed."""
     if importlib.util.find_spec("jax") is None:
         return None, "jax not installed"
     try:
@@ -114,7 +115,13 @@ def jax_tpu_kind() -> tuple[str | None, str]:
         return None, f"jax.devices('tpu') failed: {type(exc).__name__}"
     if not devices:
         return None, "jax sees no TPU"
-    return str(devices[0].device_kind), f"jax sees {len(devices)} TPU core(s)"
+    return devices[0], f"jax sees {len(devices)} TPU device(s)"
+
+
+def jax_tpu_kind() -> tuple[str | None, str]:
+    """(device_kind of the first TPU or None, note), importing jax only if installed."""
+    device, note = jax_tpu_device()
+    return (None if device is None else str(device.device_kind)), note
 
 
 def toolchain() -> dict[str, str]:
