@@ -1,4 +1,5 @@
-"""The Apple Metal (MPS) backend of yirage (probe and DeviceSpec; no code generator yet).
+"""The Apple Metal (MPS) backend of yirage: Metal Shading Language from KernelPlans, run on
+torch.mps, and an emulator that runs the printed MSL on any machine with a C++20 compiler.
 
 yirage finds it through the ``yirage.backends`` entry point, which calls :func:`register`.
 """
