@@ -531,10 +531,9 @@ def _exempt(graph: KernelGraph, stress: _stress.StressSet, tol: float) -> list[n
     """The elements of ``stress``'s outputs that float32 cannot compute to ``tol``."""
     assert stress.perturbed is not None
     eta = max(_stress.rounding_bound(graph, t.dtype.name) for t in graph.outputs)
-    runs = [stress.perturbed(eta, seed) for seed in (1, 2)]
+    moved = stress.perturbed(eta, 1)
     return [
-        _stress.ill_conditioned(r, [run[i] for run in runs], tol)
-        for i, r in enumerate(stress.reference)
+        _stress.ill_conditioned(r, [m], tol) for r, m in zip(stress.reference, moved, strict=True)
     ]
 
 
