@@ -34,6 +34,8 @@ TYPED_SOURCES = (
 # jax[tpu] (jax with libtpu): the TPU tests run the printed Pallas kernels in interpret mode
 # and compile them for v5e/v6e with libtpu, no TPU needed (about 40 s to install).
 TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch", "triton", "matplotlib", "jax[tpu]>=0.10")
+#: tests-mps runs on a Mac, where triton and jax[tpu] do not install.
+MPS_TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch")
 
 nox.options.sessions = ["lint", "rust", "tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -133,6 +135,10 @@ def _hardware_session(vendor: str) -> None:
     @nox.session(name=f"tests-{vendor}", tags=["hardware", vendor])
     def hardware_tests(session: nox.Session) -> None:
         _install_yirage(session)
+        if vendor == "mps":  # on a Mac: no triton or jax[tpu] (neither builds for macOS)
+            session.install(*MPS_TEST_DEPS)
+            session.run("pytest", "-m", vendor, "tests/mps", *session.posargs)
+            return
         session.install(*TEST_DEPS)
         session.run("pytest", "-m", vendor, *session.posargs)
 
