@@ -43,3 +43,15 @@ def test_every_candidate_matches_float64_in_the_interpreter(
                 assert err <= TOL[dtype], (cand.label, variant, err)
             ran += 1
     print(f"{name}/{dtype}: {len(cands)} candidates, {ran} printings ran")
+
+
+def test_superoptimize_with_the_interpreter_backend(interp: Any) -> None:
+    from yirage._superoptimize import superoptimize
+
+    graph = rocm_cases.small_graph("rmsnorm_linear", "float32")
+    kernel = superoptimize(graph, backend=interp, top_k=2, cache=False, time_limit=60)
+    assert kernel.backend == "rocm" and kernel.report.verification_level == "ran emulated"
+    assert "waves_per_eu=0" in kernel.source or "torch.matmul" in kernel.source
+    tensors = interp.random_inputs([(t.dims, t.dtype.name) for t in graph.inputs])
+    ref = graph.evaluate([t.double().numpy() for t in tensors])
+    assert rocm_cases.rel(kernel(*tensors)[0].double().numpy(), np.asarray(ref[0])) <= 1e-4
