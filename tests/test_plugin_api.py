@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 VENDOR_MODULES = sorted((REPO / "packages").glob("yirage-*/yirage_*/**/*.py"))
 #: What a vendor package may import of yirage's: the public modules, and the shared layers
 #: (their top-level package only).
-PUBLIC = {"yirage", "yirage.plugin", "yirage.plan"}
+PUBLIC = {"yirage", "yirage.plugin", "yirage.plan", "yirage.cfamily"}
 LAYERS = {"yirage_triton"}
 
 
