@@ -165,8 +165,10 @@ def _run_on_triton_ascend(session: nox.Session) -> None:
     if not Path(python).exists():
         session.run("python", "-m", "venv", str(env))
     session.run(python, "-m", "pip", "install", "-q", *TRITON_ASCEND, external=True)
-    outer = str(session.run("python", "-c", purelib, silent=True)).strip()
-    inner = str(session.run(python, "-c", purelib, silent=True, external=True)).strip()
+    # a silent run returns stdout and stderr together: the path is the last line
+    outer = str(session.run("python", "-c", purelib, silent=True)).strip().splitlines()[-1]
+    inner = str(session.run(python, "-c", purelib, silent=True, external=True))
+    inner = inner.strip().splitlines()[-1]
     Path(inner, "zz_session_packages.pth").write_text(outer + "\n", encoding="utf-8")
     session.run(
         python, "-m", "pytest", "tests/ascend/test_triton_ascend.py", "-p", "no:cacheprovider",
