@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from yirage import _core, _env
+from yirage import _compound, _core, _env
 from yirage._checks import check_float, check_int, check_ints, check_positive, check_triple
 from yirage._dtypes import DType, _check_dtype, _from_name, float16
 from yirage._errors import EvaluationError, GraphError, MappingError, SerializationError, ShapeError
@@ -307,6 +307,42 @@ class KernelGraph(_ElementwiseOps[DTensor]):
             )
         ids = self._ids(inputs, "inputs")
         return [self._t(t) for t in self._g.customized(ids, tb._g)]
+
+    # -- compound builders (yirage._compound): model blocks as the primitives above ---------
+    def rms_norm_linear(
+        self, x: DTensor, w: DTensor, weight: DTensor | None = None, eps: float = _DEFAULT_EPS
+    ) -> DTensor:
+        """``rms_norm(x) @ w`` (``weight`` [h] scales the normalised ``x`` if given)."""
+        return _compound.rms_norm_linear(self, x, w, weight, eps)
+
+    def gated_mlp(
+        self, x: DTensor, w_gate: DTensor, w_up: DTensor, activation: str = "silu"
+    ) -> DTensor:
+        """``act(x @ w_gate) * (x @ w_up)``; ``activation``: "silu", "gelu" or "relu"."""
+        return _compound.gated_mlp(self, x, w_gate, w_up, activation)
+
+    def lora_linear(
+        self, x: DTensor, w: DTensor, a: DTensor, b: DTensor, scale: float = 1.0
+    ) -> DTensor:
+        """``x @ w + scale * (x @ a) @ b`` (a rank-r adapter on a frozen weight)."""
+        return _compound.lora_linear(self, x, w, a, b, scale)
+
+    def gemm_softmax(self, a: DTensor, b: DTensor, scale: float | None = None) -> DTensor:
+        """``softmax(scale * (a @ b))`` over the last dim."""
+        return _compound.gemm_softmax(self, a, b, scale)
+
+    def self_attention(
+        self,
+        q: DTensor,
+        kt: DTensor,
+        v: DTensor,
+        scale: float | None = None,
+        qk_norm: bool = False,
+        eps: float = _DEFAULT_EPS,
+    ) -> DTensor:
+        """``softmax(scale * q @ kt) @ v`` (keys transposed; GQA with the query heads of one
+        key/value head along q's rows; optional QK-norm). See ``yirage._compound``."""
+        return _compound.self_attention(self, q, kt, v, scale, qk_norm, eps)
 
     def mark_output(self, x: DTensor) -> None:
         """Mark ``x`` as an output of the graph."""
