@@ -8,9 +8,11 @@ or to DPDK/SPDK has /dev/vfio/<n>. Those nodes count only when the PCI bus holds
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,14 +105,34 @@ def runtime_installed(tools: dict[str, str]) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 goes to /dev/null inside: libtpu logs several lines there (missing
+    TPU host variables, no device) when it starts on a machine without a TPU, and a probe
+    says what it found in its result instead."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def jax_tpu_device() -> tuple[Any, str]:
     """(the first TPU device jax sees or None, note), importing jax only if installed."""
     if importlib.util.find_spec("jax") is None:
         return None, "jax not installed"
     try:
-        import jax
+        with _quiet_stderr():
+            import jax
 
-        devices = jax.devices("tpu")
+            devices = jax.devices("tpu")
     except Exception as exc:
         return None, f"jax.devices('tpu') failed: {type(exc).__name__}"
     if not devices:
