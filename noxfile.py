@@ -29,11 +29,12 @@ TYPED_SOURCES = (
     "packages/yirage/python/yirage",
     *(f"packages/yirage-{v}/yirage_{v}" for v in (*LAYERS, *VENDORS)),
 )
-# torch (CPU use), triton (its interpreter runs the generated CUDA kernels without a GPU) and
+# torch (CPU use), triton (its interpreter runs the generated GPU kernels without a GPU; 3.9+
+# compiles them for AMD targets without ROCm) and
 # matplotlib (benchmark plots) are test dependencies: without them those tests would skip.
 # jax[tpu] (jax with libtpu): the TPU tests run the printed Pallas kernels in interpret mode
 # and compile them for v5e/v6e with libtpu, no TPU needed (about 40 s to install).
-TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch", "triton", "matplotlib", "jax[tpu]>=0.10")
+TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch", "triton>=3.9", "matplotlib", "jax[tpu]>=0.10")
 #: tests-mps runs on a Mac, where triton and jax[tpu] do not install.
 MPS_TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch")
 
