@@ -62,8 +62,9 @@ class AotTarget:
     code object and the assembly in Triton's compiled kernel. ``matrix_instructions``: a
     regular expression of the matrix-core instructions a dot compiles to (MFMA on CDNA, WMMA
     on RDNA3, mma.sync / wgmma on NVIDIA). ``lds_bytes``: shared memory (LDS) one workgroup
-    may use. ``min_triton``: the oldest Triton yirage compiled this target with here (the
-    AMD code object is linked inside Triton from 3.9 on; no ROCm install is needed).
+    may use. ``min_triton``: the oldest Triton yirage has compiled this target with (for AMD
+    3.9, whose wheel links the code object itself, without a ROCm install; older releases
+    are untested, so they are refused with the version to install).
     ``max_vgprs``: vector registers one wave may hold (AMD: 512 architected + accumulation
     VGPRs on CDNA, 256 on RDNA3; None where the cubin's count is not read)."""
 
