@@ -13,7 +13,7 @@ import pytest
 import rocm_cases
 
 import yirage_triton
-from yirage_rocm import _device_spec
+from yirage_rocm import RocmBackend, _device_spec
 
 pytestmark = pytest.mark.skipif(
     not (rocm_cases.have("triton") and rocm_cases.have("torch")),
@@ -74,3 +74,35 @@ def test_every_candidate_compiles_for_the_amd_target(target: str, name: str) -> 
             )
             compiled += 1
     print(f"{target} {name}: {len(cands)} candidates, {compiled} kernels compiled")
+
+
+class _OnMI300X(RocmBackend):
+    """The ROCm backend as it prints on an MI300X (its live printings), without the GPU."""
+
+    def live_device_spec(self) -> Any:
+        return _device_spec.MI300X
+
+
+@pytest.mark.parametrize("name", list(rocm_cases.SMALL))
+def test_every_printing_compiles_for_gfx942(name: str) -> None:
+    """Every further printing an MI300X would race (split, deep, fine, scaled …) of every
+    candidate compiles for gfx942 within its limits too (the split ones with their arrival
+    counters and in-kernel combine)."""
+    backend = _OnMI300X()
+    _, cands = rocm_cases.candidates(name, "float16")
+    printed = 0
+    for i, cand in enumerate(cands):
+        source = backend.codegen(cand.kernel_plan())
+        for variant, src in source.triton_variants.items():
+            module = yirage_triton.load_triton_module(
+                yirage_triton.write_triton_module(src.text, src.codegen_version)
+            )
+            kernels = yirage_triton.compile_for(
+                module,
+                {b.id: b.dtype for b in src.plan.buffers},
+                "gfx942",
+                candidate=f"{name} candidate {i} {variant}",
+            )
+            assert kernels and all(k.binary[:4] == b"\x7fELF" for k in kernels.values())
+            printed += 1
+    print(f"{name}: {printed} further printings compiled for gfx942")
