@@ -14,6 +14,7 @@ live throughout; the footprint is those plus the peak of the loop or of the epil
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from yirage_triton import TritonSource, subtile_kernel
 __all__ = ["AscendLimitError", "Finding", "KernelFootprint", "check_printing", "footprints"]
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+#: every ``input_precision`` a printed ``tl.dot`` asks for
+_PRECISION = re.compile(r"input_precision=['\"](\w+)['\"]")
 
 #: The rules the checker applies, by the name a Finding carries.
 RULES = (
@@ -156,7 +159,8 @@ def _dot_findings(
                         f"the cube unit takes {sorted(rules.dot_dtypes)}",
                     )
                 )
-        k_step = rules.ub_align_bytes // _BYTES.get(ta, 4)
+        # a fractal is cube_fractal rows of (cube_align_bytes / cube_fractal) bytes
+        k_step = rules.cube_align_bytes // rules.cube_fractal // _BYTES.get(ta, 4)
         if m % rules.cube_fractal or n % rules.cube_fractal or kk % k_step:
             out.append(
                 Finding(
@@ -187,17 +191,6 @@ def _dot_findings(
                     "choose smaller M or N tiles",
                 )
             )
-        fp32 = ta == "float32" and tb == "float32"
-        prec = source.options.fp32_dot_precision
-        if fp32 and prec not in rules.fp32_dot_precisions:
-            out.append(
-                Finding(
-                    "dot-precision",
-                    k.name,
-                    f"{where} asks input_precision={prec!r}",
-                    f"Triton-Ascend offers {list(rules.fp32_dot_precisions)}",
-                )
-            )
     return out
 
 
@@ -222,6 +215,16 @@ def check_printing(source: TritonSource, rules: AscendRules = ATLAS_A2) -> list[
         for b in source.plan.buffers
         if b.dtype not in rules.dtypes
     ]
+    out.extend(
+        Finding(
+            "dot-precision",
+            "(module)",
+            f"a tl.dot asks input_precision={prec!r}",
+            f"Triton-Ascend offers {list(rules.fp32_dot_precisions)}",
+        )
+        for prec in sorted(set(_PRECISION.findall(source.text)))
+        if prec not in rules.fp32_dot_precisions
+    )
     kernels = {k.name: k for k in _kernels(source)}
     for fp in footprints(source, rules):
         if fp.programs > rules.max_grid:
