@@ -552,3 +552,47 @@ fn verify_width_follows_threads() {
     };
     assert_eq!((width(1), width(2), width(4), width(16)), (1, 1, 2, 4));
 }
+
+#[test]
+fn tiling_rule_keeps_every_block_legal() {
+    // rmsnorm + linear at 4 × 256 × 384 on a CPU: without a rule the search tiles the weight
+    // and X in 32- and 64-column blocks; with the TPU rule (8, 128) every block it proposes
+    // is a multiple of (8, 128) or a whole dim, and the fused form is still found.
+    let target = rmsnorm_linear(4, 256, 384);
+    let blocks = |spec: &DeviceSpec| -> Vec<(Vec<usize>, Vec<usize>)> {
+        let r = run(&target, spec, &cfg());
+        let mut out = vec![];
+        for c in &r.candidates {
+            let plan = c.kernel_plan(spec).unwrap();
+            for k in &plan.kernels {
+                if let crate::plan::PlanKernel::Generated(k) = k {
+                    let dims = |b: usize| {
+                        plan.buffers
+                            .iter()
+                            .find(|x| x.id == b)
+                            .unwrap()
+                            .dims
+                            .clone()
+                    };
+                    out.extend(k.inputs.iter().map(|a| (a.tile.clone(), dims(a.buffer))));
+                    out.extend(k.outputs.iter().map(|a| (a.tile.clone(), dims(a.buffer))));
+                }
+            }
+        }
+        out
+    };
+    let ruled = DeviceSpec {
+        tiling: Some([8, 128]),
+        ..DeviceSpec::cpu2()
+    };
+    let legal = blocks(&ruled);
+    assert!(!legal.is_empty(), "no generated kernel with the rule");
+    for (tile, full) in &legal {
+        assert!(ruled.block_legal(tile, full, 4), "{tile:?} of {full:?}");
+    }
+    let free = blocks(&DeviceSpec::cpu2());
+    assert!(
+        free.iter().any(|(t, f)| !ruled.block_legal(t, f, 4)),
+        "the CPU search no longer proposes a block the rule forbids: pick another shape"
+    );
+}
