@@ -141,6 +141,9 @@ def _hardware_session(vendor: str) -> None:
             session.run("pytest", "-m", vendor, "tests/mps", *session.posargs)
             return
         session.install(*TEST_DEPS)
+        if vendor == "ascend":  # torch pulled upstream triton over triton-ascend's `triton`
+            session.run("python", "-m", "pip", "uninstall", "-y", "triton")
+            session.install("--force-reinstall", "--no-deps", *TRITON_ASCEND)
         session.run("pytest", "-m", vendor, *session.posargs)
 
     hardware_tests.__doc__ = (
