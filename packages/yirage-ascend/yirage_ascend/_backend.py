@@ -11,8 +11,6 @@ how CI checks their numbers without an NPU.
 from __future__ import annotations
 
 import importlib
-import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +29,6 @@ from yirage_triton import (
     TritonBackend,
     TritonPrinted,
     TritonTarget,
-    interpret_mode,
 )
 
 __all__ = ["TARGET", "AscendBackend", "AscendPrinted"]
@@ -61,20 +58,6 @@ class AscendPrinted(TritonPrinted):
 
     footprints: list[KernelFootprint] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
-
-
-_FIRST_IMPORT = threading.Lock()
-
-
-def _import_triton_once() -> None:
-    """Import triton.language (compiled mode) before any printed module, one thread at a time.
-    superoptimize loads candidates from several threads; yirage_triton imports Triton on the
-    first load outside its import lock, with TRITON_INTERPRET switched off, and a module
-    another thread imports for the interpreter meanwhile could come out compiled."""
-    with _FIRST_IMPORT:
-        if "triton.language" not in sys.modules:
-            with interpret_mode(False):
-                importlib.import_module("triton.language")
 
 
 class AscendBackend(TritonBackend):
@@ -136,7 +119,6 @@ class AscendBackend(TritonBackend):
     def triton_launchers(self, artifact: TritonArtifact) -> dict[str, Launcher]:
         if not self.interpret:
             self._device_api()  # torch.npu before any launcher touches it
-        _import_triton_once()
         return super().triton_launchers(artifact)
 
     # -- codegen ---------------------------------------------------------------------------------

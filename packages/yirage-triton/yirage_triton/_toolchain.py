@@ -207,12 +207,14 @@ def load_triton_module(path: Path, interpret: bool = False) -> ModuleType:
     (CPU tensors). Modules are cached per (file, mode) in this process."""
     key = (str(path), interpret)
     pin_triton_defaults()
-    if "triton.language" not in sys.modules:
-        # Import Triton itself in compiled mode, so its library stays usable by GPU kernels
-        # in this process; interpreted runs swap in interpreter wrappers as they go.
-        with interpret_mode(False):
-            importlib.import_module("triton.language")
+    # TRITON_INTERPRET is process-wide and read at import: every import that sets it holds
+    # the lock, or a build thread could import a module compiled while another flips it.
     with _IMPORT_LOCK:
+        if "triton.language" not in sys.modules:
+            # Import Triton itself in compiled mode, so its library stays usable by GPU
+            # kernels in this process; interpreted runs swap in interpreter wrappers.
+            with interpret_mode(False):
+                importlib.import_module("triton.language")
         mod = _MODULES.get(key)
         if mod is not None:
             return mod
