@@ -19,9 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from yirage.plan import CodegenError, GeneratedKernel, Plan, TileOp
-from yirage_ascend._padding import padded_dims
 from yirage_ascend._rules import ATLAS_A2, AscendRules
-from yirage_triton import TritonSource, subtile_kernel
+from yirage_triton import TritonSource, padded_dims, subtile_kernel
 
 __all__ = ["AscendLimitError", "Finding", "KernelFootprint", "check_printing", "footprints"]
 

@@ -32,6 +32,7 @@ from yirage_triton._codegen import (
     TritonOptions,
     TritonSource,
     generate_triton,
+    padded_dims,
 )
 from yirage_triton._host import TORCH_DTYPE, fmt_float, launcher_lines, library_lines
 from yirage_triton._runtime import (
@@ -104,6 +105,7 @@ __all__ = [
     "load_triton_module",
     "loop_subtile",
     "matmul_fp32",
+    "padded_dims",
     "pin_triton_defaults",
     "profile",
     "require_triton",

@@ -182,8 +182,9 @@ class _UnionFind:
             self.parent[ra] = rb
 
 
-def _padded_dims(k: GeneratedKernel) -> dict[int, tuple[int, ...]]:
-    """Padded (power-of-two) block shape of every op's value."""
+def padded_dims(k: GeneratedKernel) -> dict[int, tuple[int, ...]]:
+    """Padded (power-of-two) block shape of every op's value, by op id: the shapes the
+    printed kernel holds (a vendor's resource checker sizes its buffers by them)."""
     uf = _UnionFind()
     by_id = {o.id: o for o in k.ops}
     mma: set[tuple[int, int]] = set()
@@ -270,7 +271,7 @@ class _KernelPrinter:
         self.lines: list[str] = []
         self.indent = 1
         self.vals: dict[int, _Val] = {}
-        self.pdims = _padded_dims(k)
+        self.pdims = padded_dims(k)
         self.tmp = 0
         self.helpers: set[str] = set()
         self.by_id = {o.id: o for o in k.ops}
