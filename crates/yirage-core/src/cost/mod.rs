@@ -200,14 +200,51 @@ pub struct KernelProfile {
 }
 
 /// Predicted time of one kernel, with its parts (µs).
+///
+/// Memory and compute overlap: only the larger counts in full, so `total_us` is
+/// `max(memory_us, compute_us) + exposed_us + loop_us + combine_us + launch_us`
+/// (see [`KernelCost::additive_terms`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct KernelCost {
     pub total_us: f64,
+    /// DRAM (and L2 re-read) traffic at the bandwidth the kernel's blocks can draw.
     pub memory_us: f64,
+    /// Matrix-unit and vector work at the peaks, scaled by tile efficiency and utilization.
     pub compute_us: f64,
     pub launch_us: f64,
     /// Used fraction of the machine (wave quantization), 1 for library kernels.
     pub utilization: f64,
+    /// The smaller of memory and compute not hidden behind the larger (pipeline fill and
+    /// drain: the smaller divided by the loop stages).
+    pub exposed_us: f64,
+    /// Per-iteration overhead of a generated GPU kernel's for-loop (0 elsewhere).
+    pub loop_us: f64,
+    /// Combine step of a split for-loop (0 when the loop is not split).
+    pub combine_us: f64,
+    /// Ways the for-loop is split across blocks (1: not split; see [`gpu_loop_split`]).
+    pub loop_split: u32,
+}
+
+impl KernelCost {
+    /// The parts that add up to `total_us`, by name: the larger of memory and compute under
+    /// `"memory"` or `"compute"` (the other is 0), then `"exposed"`, `"loop"`, `"combine"`
+    /// and `"launch"`.
+    pub fn additive_terms(&self) -> [(&'static str, f64); 6] {
+        let memory_bound = self.memory_us >= self.compute_us;
+        let (mem, comp) = if memory_bound {
+            (self.memory_us, 0.0)
+        } else {
+            (0.0, self.compute_us)
+        };
+        [
+            ("memory", mem),
+            ("compute", comp),
+            ("exposed", self.exposed_us),
+            ("loop", self.loop_us),
+            ("combine", self.combine_us),
+            ("launch", self.launch_us),
+        ]
+    }
 }
 
 /// Fraction of a matrix-unit tile that a block tile of `(m, n, k)` fills.
@@ -257,7 +294,8 @@ pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
     // decode about 4 µs on the H100, the in-kernel combine about 1)
     let widen = if p.low_precision { 2.0 } else { 1.0 };
     let workspace = 2.0 * split as f64 * p.write_bytes * widen;
-    parts.total_us += GPU_COMBINE_US + workspace / (spec.mem_bandwidth_gbps * 1e3);
+    parts.combine_us = GPU_COMBINE_US + workspace / (spec.mem_bandwidth_gbps * 1e3);
+    parts.total_us += parts.combine_us;
     if parts.total_us < base.total_us {
         parts
     } else {
@@ -381,6 +419,10 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         compute_us,
         launch_us,
         utilization: util,
+        exposed_us: exposed,
+        loop_us: iter_us,
+        combine_us: 0.0,
+        loop_split: split,
     }
 }
 
@@ -502,6 +544,24 @@ mod tests {
                 ..Default::default()
             },
         ]
+    }
+
+    #[test]
+    fn the_additive_terms_sum_to_the_total() {
+        let mut split_seen = false;
+        for spec in [DeviceSpec::h100(), DeviceSpec::cpu2(), tile_machine()] {
+            for p in sample_profiles() {
+                let c = kernel_cost(&spec, &p);
+                let sum: f64 = c.additive_terms().iter().map(|(_, v)| v).sum();
+                assert!((sum - c.total_us).abs() <= 1e-9 * c.total_us, "{c:?}");
+                assert_eq!(c.combine_us > 0.0, c.loop_split > 1, "{c:?}");
+                split_seen |= c.loop_split > 1;
+            }
+        }
+        assert!(
+            split_seen,
+            "no sample profile exercised the split loop's combine step"
+        );
     }
 
     #[test]

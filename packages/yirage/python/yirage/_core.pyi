@@ -14,7 +14,7 @@ strided groups, out[j] = Σ_g x[g·dimx + j], down to ``reduction_dimx``).
 """
 
 from collections.abc import Callable, Sequence
-from typing import final
+from typing import Any, final
 
 __version__: str
 #: Name of the fingerprint scheme (digests of two schemes are not comparable).
@@ -33,6 +33,7 @@ __all__ = [
     "ShapeError",
     "YirageError",
     "__version__",
+    "cost_terms",
     "device_spec_json",
     "equivalent",
     "field_info",
@@ -213,3 +214,9 @@ def search_config_json(options: str = "{}") -> str:
 
 def predicted_us(graph: KernelGraph, device_spec: str) -> float:
     """Predicted time (µs) of ``graph`` on ``device_spec`` by the search's cost model."""
+
+def cost_terms(graph: KernelGraph, device_spec: str) -> list[dict[str, Any]]:
+    """The cost model's terms of every kernel of ``graph`` on ``device_spec`` (JSON), in
+    execution order: ``op``, ``total_us``, ``memory_us``, ``compute_us``, ``launch_us``,
+    ``exposed_us``, ``loop_us``, ``combine_us``, ``utilization``, ``loop_split`` and
+    ``terms`` (the parts that add up to ``total_us``; the totals sum to ``predicted_us``)."""
