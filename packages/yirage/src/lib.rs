@@ -3,6 +3,7 @@
 //! converts arguments, maps `CoreError` kinds to Python exception classes, releases the GIL
 //! around long computations, and turns any Rust panic into a `YirageError`.
 
+mod estimate;
 mod search;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -594,5 +595,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(equivalent, m)?)?;
     m.add_function(wrap_pyfunction!(field_info, m)?)?;
     search::register(m)?;
+    estimate::register(m)?;
     Ok(())
 }
