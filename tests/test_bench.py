@@ -28,6 +28,8 @@ RATES = _roofline.DeviceRates(copy_bw_Bps=20e9, matmul_flops=100e9, detail={"fix
 
 TINY = {
     "rmsnorm_linear": {"b": 4, "h": 64, "n": 48, "dtype": yr.float32},
+    "rms_norm": {"b": 4, "h": 64, "dtype": yr.float32},
+    "norm_transformer": {"b": 4, "h": 64, "dtype": yr.float32},
     "gated_mlp": {"b": 4, "h": 64, "n": 32, "dtype": yr.float32},
     "lora": {"b": 4, "h": 64, "n": 32, "r": 4, "dtype": yr.float32},
     "gqa_decode": {"b": 1, "q_heads": 8, "kv_heads": 2, "d": 16, "kv": 64, "dtype": yr.float32},
@@ -187,6 +189,12 @@ def test_cases_follow_targets() -> None:
         "rmsnorm_linear_b8",
         "rmsnorm_linear_b1",
         "rmsnorm_linear_b16",
+        "rms_norm_b8",
+        "rms_norm_b1",
+        "rms_norm_b16",
+        "norm_transformer_b8",
+        "norm_transformer_b1",
+        "norm_transformer_b16",
         "gated_mlp_b8",
         "gated_mlp_b1",
         "gated_mlp_b16",
@@ -200,6 +208,8 @@ def test_cases_follow_targets() -> None:
     cpu, _ = _harness.select_cases(["all"], "cpu")
     assert [c.name for c in cpu] == [
         "rmsnorm_linear_b8",
+        "rms_norm_b8",
+        "norm_transformer_b8",
         "gated_mlp_b8",
         "lora_b8",
         "gqa_decode_b2_kv1024",
@@ -212,6 +222,65 @@ def test_cases_follow_targets() -> None:
     assert len(notes) == 1 and "gqa_decode" in notes[0]
     with pytest.raises(yr.ConfigError):
         _harness.select_cases(["no_such_workload"], "cpu")
+
+
+def test_batch_overrides_every_preset() -> None:
+    cases, _ = _harness.select_cases(["rms_norm", "gqa_decode"], "gpu")
+    batched = _harness.with_batch(cases, 4)
+    # gpu, gpu_b1 and gpu_b16 of rms_norm coincide at b=4 and run once; the two kv presets
+    # of gqa_decode stay apart
+    assert [c.name for c in batched] == [
+        "rms_norm_b4",
+        "gqa_decode_b4_kv4096",
+        "gqa_decode_b4_kv16384",
+    ]
+    assert batched[0].workload.input_dims("gpu") == [(4, 4096), (4096,)]
+    # GQA's first dim holds b·kv_heads rows
+    assert batched[1].workload.input_dims("gpu")[0] == (4 * 2, 4, 128)
+    for bad in (0, -1, True):
+        with pytest.raises(yr.ConfigError, match="positive int"):
+            _harness.with_batch(cases, bad)
+
+
+# the workloads' torch references against numpy in float64, written out independently
+def _np_rms(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + _workloads.EPS)
+
+
+def _np_rms_norm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return _np_rms(x) * w
+
+
+def _np_norm_transformer(h: np.ndarray, a: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    return h + _np_rms(a) * alpha
+
+
+@pytest.mark.parametrize(
+    ("name", "numpy_ref"),
+    [("rms_norm", _np_rms_norm), ("norm_transformer", _np_norm_transformer)],
+)
+def test_norm_workloads_match_float64_references(name: str, numpy_ref: Any) -> None:
+    wl = tiny(name)
+    arrays = wl.inputs("cpu", seed=3, numpy=True)
+    expected = numpy_ref(*[a.astype(np.float64) for a in arrays])
+    (ref,) = wl.reference(*[torch.from_numpy(a.astype(np.float64)) for a in arrays])
+    np.testing.assert_allclose(ref.numpy(), expected, rtol=1e-12, atol=1e-12)
+    # the graph the search is given computes the same thing (its float64 evaluator)
+    (ev,) = wl.graph("cpu").evaluate(arrays)
+    np.testing.assert_allclose(ev, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "norm_transformer"])
+def test_norm_workloads_search_finds_one_fused_kernel(name: str) -> None:
+    """Each chain is one generated kernel among the candidates (pinned spec)."""
+    from _pinned_spec import REFERENCE_CPU
+
+    wl = tiny(name)
+    res = yr.search(wl.graph("cpu"), device_spec=REFERENCE_CPU, backend="cpu", cache=False)
+    fused = [c for c in res.candidates if not c.baseline and ";" not in c.label]
+    assert fused, [c.label for c in res.candidates]
+    ops = {"rms_norm": ["accum_rms", "div", "mul"], "norm_transformer": ["accum_rms", "add"]}
+    assert all(op in fused[0].label for op in ops[name])
 
 
 # -- the harness end to end (fake yirage) --------------------------------------------------------
@@ -282,6 +351,9 @@ def test_wrong_contestant_is_flagged_not_timed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("YIRAGE_CUDA_PDL", "0")  # recorded: it changes how kernels launch
+    from yirage._registry import get_backend_info
+
+    get_backend_info("cuda")  # yirage-cuda registers YIRAGE_CUDA_PDL when its plugin loads
 
     def garbage(*tensors: Any) -> list[Any]:
         return [torch.randn(4, 48)]
@@ -516,8 +588,71 @@ def test_cli_has_bench_and_doctor(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_rejects_unsupported_backend(capsys: pytest.CaptureFixture[str]) -> None:
     from yirage import cli
 
+    if yr.is_backend_available("tpu"):
+        pytest.skip("a TPU is here: only the harness's own limit applies")
     assert cli.main(["bench", "--backend", "tpu", "--out", "/nonexistent"]) == 2
-    assert "not supported" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # the backend's own reason first, then the harness's limit
+    assert "cannot run here: no TPU" in err and "not supported" in err
+
+
+@pytest.mark.parametrize("backend", ["rocm", "cuda", "mps", "ascend", "no_such_backend"])
+def test_bench_refuses_a_backend_that_cannot_run_here_with_its_reason(
+    backend: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from yirage import cli
+    from yirage._registry import get_backend_info
+
+    info = get_backend_info(backend)
+    if info.available:
+        pytest.skip(f"{backend} can run on this machine")
+    refusal = _harness.backend_refusal(backend)
+    assert refusal is not None and info.reason in refusal
+    assert refusal.startswith(f"backend {backend!r} cannot run here: ")
+    assert cli.main(["bench", "--backend", backend, "--out", str(tmp_path)]) == 2
+    assert info.reason in capsys.readouterr().err
+    assert not (tmp_path).exists() or not any(tmp_path.iterdir())  # nothing measured
+
+
+def test_cpu_backend_is_not_refused() -> None:
+    assert yr.is_backend_available("cpu")
+    assert _harness.backend_refusal("cpu") is None
+
+
+def test_cli_batch_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from yirage import cli
+
+    seen: list[_harness.BenchConfig] = []
+
+    def fake_run(workloads: Any, cfg: _harness.BenchConfig) -> Any:
+        seen.append(cfg)
+        (tmp_path / "run.json").write_text("{}")
+        return _results([{}]), tmp_path
+
+    monkeypatch.setattr(_harness, "run_bench", fake_run)
+    for argv in (["-b", "32"], ["--batch", "32"]):
+        assert cli.main(["bench", *argv, "--out", str(tmp_path), "--no-plot"]) == 0
+        assert seen[-1].batch == 32 and "--batch 32" in str(seen[-1].command)
+    assert cli.main(["bench", "--out", str(tmp_path), "--no-plot"]) == 0
+    assert seen[-1].batch is None
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "-b", "0"])
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_harness_runs_the_batch_it_is_given(tmp_path: Path) -> None:
+    wls = [tiny("rms_norm"), tiny("norm_transformer")]
+    batched = [dataclasses.replace(w, shapes={"cpu": {**TINY[w.name], "b": 2}}) for w in wls]
+    fake = FakeOptimizer(batched)
+    results, folder = _harness.run_bench(wls, _cfg(tmp_path, superoptimize=fake, batch=2))
+    assert [r["workload"] for r in results["rows"]] == ["rms_norm_b2", "norm_transformer_b2"]
+    for row in results["rows"]:
+        assert row["shape"]["b"] == 2 and all(row["correct"].values())
+    run = json.loads((folder / "run.json").read_text())
+    assert run["batch"] == 2 and "--batch 2" in run["command"]
 
 
 # -- GPU (nox -s tests-cuda) --------------------------------------------------------------------

@@ -135,6 +135,45 @@ def _rmsnorm_linear_ref(x: Any, w: Any) -> list[Any]:
     return [torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=EPS) @ w]
 
 
+# -- rms_norm ----------------------------------------------------------------------------------
+
+
+def _rms_norm_graph(s: Mapping[str, Any], dt: DType) -> KernelGraph:
+    g = new_kernel_graph()
+    x = g.new_input((s["b"], s["h"]), dt)
+    w = g.new_input((s["h"],), dt)
+    g.mark_output(g.rms_norm(x, (s["h"],), weight=w, eps=EPS))
+    return g
+
+
+def _rms_norm_ref(x: Any, w: Any) -> list[Any]:
+    import torch
+
+    return [torch.nn.functional.rms_norm(x, (x.shape[-1],), weight=w, eps=EPS)]
+
+
+# -- norm_transformer --------------------------------------------------------------------------
+#
+# The elementwise chain a norm-transformer block ends with: the block's output A is
+# normalised, scaled by a learned per-channel step alpha and added to the residual stream H:
+#     H' = H + rms_norm(A) * alpha   (normalise, scale, residual add; rms_norm without weight).
+
+
+def _norm_transformer_graph(s: Mapping[str, Any], dt: DType) -> KernelGraph:
+    g = new_kernel_graph()
+    h = g.new_input((s["b"], s["h"]), dt)
+    a = g.new_input((s["b"], s["h"]), dt)
+    alpha = g.new_input((s["h"],), dt)
+    g.mark_output(g.add(h, g.mul(g.rms_norm(a, (s["h"],), eps=EPS), alpha)))
+    return g
+
+
+def _norm_transformer_ref(h: Any, a: Any, alpha: Any) -> list[Any]:
+    import torch
+
+    return [h + torch.nn.functional.rms_norm(a, (a.shape[-1],), eps=EPS) * alpha]
+
+
 # -- gated_mlp ---------------------------------------------------------------------------------
 
 
@@ -275,6 +314,31 @@ WORKLOADS: dict[str, Workload] = {
             },
             _rmsnorm_linear_graph,
             _rmsnorm_linear_ref,
+        ),
+        Workload(
+            "rms_norm",
+            "rms_norm(X[b,h]) · w[h]",
+            {
+                "cpu": {"b": 8, "h": 1024, "dtype": float32},
+                "gpu": {"b": 8, "h": 4096, "dtype": float16},
+                "gpu_b1": {"b": 1, "h": 4096, "dtype": float16},
+                "gpu_b16": {"b": 16, "h": 4096, "dtype": float16},
+            },
+            _rms_norm_graph,
+            _rms_norm_ref,
+        ),
+        Workload(
+            "norm_transformer",
+            "H[b,h] + rms_norm(A[b,h]) * alpha[h] (norm-transformer residual update: normalise, "
+            "scale, residual add)",
+            {
+                "cpu": {"b": 8, "h": 1024, "dtype": float32},
+                "gpu": {"b": 8, "h": 4096, "dtype": float16},
+                "gpu_b1": {"b": 1, "h": 4096, "dtype": float16},
+                "gpu_b16": {"b": 16, "h": 4096, "dtype": float16},
+            },
+            _norm_transformer_graph,
+            _norm_transformer_ref,
         ),
         Workload(
             "gated_mlp",

@@ -47,6 +47,16 @@ def _missing_message(missing: list[tuple[str, str, str]]) -> str:
     )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to the CLI's subparsers."""
     p: argparse.ArgumentParser = sub.add_parser(
@@ -62,7 +72,12 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
             "before anything is measured."
         ),
     )
-    p.add_argument("--backend", default="cpu", help="yirage backend (cpu, cuda, rocm); default cpu")
+    p.add_argument(
+        "--backend",
+        default="cpu",
+        help="yirage backend (cpu, cuda, rocm, …; one that cannot run here is refused with the "
+        "reason); default cpu",
+    )
     p.add_argument(
         "--workloads",
         nargs="+",
@@ -82,6 +97,14 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="shape presets: 'cpu' (reduced, float32) or 'gpu' (full size, float16) or a "
         "preset name; default: cpu for the cpu backend, else gpu",
+    )
+    p.add_argument(
+        "-b",
+        "--batch",
+        type=_positive_int,
+        default=None,
+        metavar="B",
+        help="batch size: the rows of every workload's first dim (b), overriding the preset's",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
     p.add_argument(
@@ -119,6 +142,8 @@ def _command_line(args: argparse.Namespace) -> str:
     parts = ["yirage bench", f"--backend {args.backend}", "--workloads " + " ".join(args.workloads)]
     if args.shapes:
         parts.append(f"--shapes {args.shapes}")
+    if args.batch is not None:
+        parts.append(f"--batch {args.batch}")
     parts.append(f"--out {args.out}")
     if args.seed:
         parts.append(f"--seed {args.seed}")
@@ -141,6 +166,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = _harness.BenchConfig(
         backend=str(args.backend).lower(),
         shapes=args.shapes,
+        batch=args.batch,
         out=args.out,
         seed=args.seed,
         compile_mode=None if args.no_torch_compile else _harness.COMPILE_MODE,

@@ -32,6 +32,7 @@ run or is wrong has a null time and a reason.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -95,6 +96,7 @@ class BenchConfig:
 
     backend: str = "cpu"
     shapes: str | None = None  # preset family; None: "cpu" for the cpu backend, else "gpu"
+    batch: int | None = None  # rows of the workloads' first dim ("b"), overriding the preset
     out: Path = Path("benchmarks/results")
     seed: int = 0
     compile_mode: str | None = COMPILE_MODE  # None: torch.compile is not run (recorded)
@@ -171,6 +173,29 @@ def select_cases(workloads: str | Sequence[Any], family: str) -> tuple[list[Case
             )
         cases.extend(c for p in presets if (c := Case(wl, p)) not in cases)
     return cases, notes
+
+
+def with_batch(cases: Sequence[Case], batch: int) -> list[Case]:
+    """``cases`` with the batch ``b`` (the rows of each workload's first dim) set to
+    ``batch``; presets that then coincide (``gpu`` and ``gpu_b16`` at one batch) run once."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch must be a positive int, got {batch!r}")
+    out: list[Case] = []
+    for c in cases:
+        if "b" not in c.shape:
+            raise ConfigError(
+                f"workload {c.workload.name!r} has no batch size 'b' in preset {c.preset!r}; "
+                "run it without --batch"
+            )
+        from yirage._workloads import Workload
+
+        if not isinstance(c.workload, Workload):
+            raise ConfigError(f"--batch needs yirage workloads, got {type(c.workload).__name__}")
+        shapes = {c.preset: {**c.shape, "b": batch}}
+        case = Case(dataclasses.replace(c.workload, shapes=shapes), c.preset)
+        if case.name not in {o.name for o in out}:
+            out.append(case)
+    return out
 
 
 # -- environment -------------------------------------------------------------------------------
@@ -655,6 +680,27 @@ def rates_moved(start: _roofline.DeviceRates, end: _roofline.DeviceRates) -> lis
     return [f"the device rates moved between the start and the end of the run ({what})"]
 
 
+def _unmeasurable(backend: str) -> str:
+    return (
+        f"yirage bench measures backends whose tensors are torch cpu/cuda tensors "
+        f"({', '.join(_TORCH_DEVICE)}); {backend!r} is not supported yet"
+    )
+
+
+def backend_refusal(backend: str) -> str | None:
+    """Why ``yirage bench --backend <backend>`` cannot run on this machine (the backend's own
+    probe reason, and whether the harness can measure its tensors), or None when it can."""
+    from yirage._registry import get_backend_info
+
+    reasons = []
+    info = get_backend_info(backend)
+    if not info.available:
+        reasons.append(f"backend {backend!r} cannot run here: {info.reason}")
+    if backend not in _TORCH_DEVICE:
+        reasons.append(_unmeasurable(backend))
+    return "; and ".join(reasons) or None
+
+
 def _resolve_backend(name: str) -> Any:
     from yirage._registry import resolve_backend
 
@@ -682,7 +728,9 @@ def default_command(cfg: BenchConfig, workloads: str | Sequence[Any]) -> str:
     )
     return (
         f"yirage bench --backend {cfg.backend} --workloads {' '.join(names)} "
-        f"--shapes {cfg.family} --out {shlex.quote(str(cfg.out))}"
+        f"--shapes {cfg.family}"
+        + ("" if cfg.batch is None else f" --batch {cfg.batch}")
+        + f" --out {shlex.quote(str(cfg.out))}"
     )
 
 
@@ -720,16 +768,19 @@ def run_bench(
     cfg = cfg or BenchConfig()
     torch = _timing._torch()
 
+    if cfg.superoptimize is None:
+        refusal = backend_refusal(cfg.backend)
+        if refusal is not None:
+            raise ConfigError(refusal)
     device = _TORCH_DEVICE.get(cfg.backend)
     if device is None:
-        raise ConfigError(
-            f"yirage bench measures backends whose tensors are torch cpu/cuda tensors "
-            f"({', '.join(_TORCH_DEVICE)}); {cfg.backend!r} is not supported yet"
-        )
+        raise ConfigError(_unmeasurable(cfg.backend))
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"backend {cfg.backend!r} needs a GPU and torch sees none")
     backend = _resolve_backend(cfg.backend) if cfg.superoptimize is None else None
     cases, notes = select_cases(workloads, cfg.family)
+    if cfg.batch is not None:
+        cases = with_batch(cases, cfg.batch)
     notes = [*cfg.extra_notes, *notes]
     dev_name, slug = device_name(device)
     folder = Path(cfg.out) / slug
@@ -744,6 +795,7 @@ def run_bench(
         "device": dev_name,
         "torch_device": device,
         "shapes": cfg.family,
+        "batch": cfg.batch,
         "cases": [c.name for c in cases],
         "seed": cfg.seed,
         "compile_mode": cfg.compile_mode,
