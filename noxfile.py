@@ -34,7 +34,16 @@ TYPED_SOURCES = (
 # matplotlib (benchmark plots) are test dependencies: without them those tests would skip.
 # jax[tpu] (jax with libtpu): the TPU tests run the printed Pallas kernels in interpret mode
 # and compile them for v5e/v6e with libtpu, no TPU needed (about 40 s to install).
-TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch", "triton>=3.9", "matplotlib", "jax[tpu]>=0.10")
+# ray: search(..., executor="ray") on a local 2-CPU cluster (about 15 s to install).
+TEST_DEPS = (
+    "pytest>=8",
+    "hypothesis>=6",
+    "torch",
+    "triton>=3.9",
+    "matplotlib",
+    "jax[tpu]>=0.10",
+    "ray>=2.9",
+)
 #: tests-mps runs on a Mac, where triton and jax[tpu] do not install.
 MPS_TEST_DEPS = ("pytest>=8", "hypothesis>=6", "torch")
 

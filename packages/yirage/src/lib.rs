@@ -5,6 +5,7 @@
 
 mod estimate;
 mod search;
+mod shard;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -595,6 +596,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(equivalent, m)?)?;
     m.add_function(wrap_pyfunction!(field_info, m)?)?;
     search::register(m)?;
+    shard::register(m)?;
     estimate::register(m)?;
     Ok(())
 }

@@ -74,9 +74,9 @@ impl PyCandidate {
 
 /// Result of `search`: candidates (best predicted first) and the report.
 #[pyclass(name = "SearchResult", module = "yirage._core", frozen)]
-struct PySearchResult {
-    inner: SearchResult,
-    spec: DeviceSpec,
+pub(crate) struct PySearchResult {
+    pub(crate) inner: SearchResult,
+    pub(crate) spec: DeviceSpec,
 }
 
 #[pymethods]

@@ -216,6 +216,24 @@ pub fn search_kernels(
     memo: &Memo,
     inputs: Vec<KTensor>,
 ) -> Vec<Skeleton> {
+    search_kernels_where(run, vocab, memo, inputs, |_| true)
+        .1
+        .into_iter()
+        .map(|(_, sk)| sk)
+        .collect()
+}
+
+/// The kernel-level DFS below the first-level moves that `keep` accepts (by index): the
+/// number of first-level moves, and the skeletons found, each with the index of the move it
+/// starts with, in move order. A shard of the search keeps every n-th move; the union of
+/// the shards' skeletons, ordered by move, is the whole search's list.
+pub fn search_kernels_where(
+    run: &Run,
+    vocab: &Vocab,
+    memo: &Memo,
+    inputs: Vec<KTensor>,
+    keep: impl Fn(usize) -> bool + Sync,
+) -> (usize, Vec<(usize, Skeleton)>) {
     let st = KState {
         n_inputs: inputs.len(),
         tensors: inputs,
@@ -224,22 +242,28 @@ pub fn search_kernels(
         n_custom: 0,
     };
     if run.count_state() {
-        return vec![];
+        return (0, vec![]);
     }
     let first = moves(run, vocab, memo, &st);
-    first
+    let n_first = first.len();
+    let found = first
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| keep(*i))
+        .collect::<Vec<_>>()
         .into_par_iter()
-        .map(|mv| {
+        .map(|(i, mv)| {
             let mut out = vec![];
             let mut st = st.clone();
             apply(&mut st, mv);
             dfs(run, vocab, memo, &mut st, &mut out);
-            out
+            out.into_iter().map(|sk| (i, sk)).collect::<Vec<_>>()
         })
         .collect::<Vec<_>>()
         .into_iter()
         .flatten()
-        .collect()
+        .collect();
+    (n_first, found)
 }
 
 fn apply(st: &mut KState, mv: Move) {

@@ -31,6 +31,7 @@ pub mod concrete;
 pub mod expr;
 pub mod kernel;
 pub mod lift;
+pub mod shard;
 mod split;
 
 use crate::cost::{total_cost, DeviceSpec};
@@ -115,14 +116,11 @@ fn available_memory_bytes() -> Option<u64> {
     Some(kib.saturating_mul(1024))
 }
 
-/// Up to `n` candidates from `queue` (indices into `reals`) that the verification loop may
-/// fingerprint next, realised: those `eligible` says are not held back, that realise and
-/// lower, and whose hash is not `known`.
-#[allow(clippy::too_many_arguments)]
+/// Up to `n` candidates from `queue` (indices into the space's realisations) that the
+/// verification loop may fingerprint next, realised: those `eligible` says are not held
+/// back, that realise and lower, and whose hash is not `known`.
 fn lookahead(
-    target: &KernelGraph,
-    skeletons: &[Skeleton],
-    reals: &[Realisation],
+    realise_at: RealiseAt<'_>,
     queue: &[usize],
     spec: &DeviceSpec,
     n: usize,
@@ -137,8 +135,7 @@ fn lookahead(
         if !eligible(i) {
             continue;
         }
-        let r = &reals[i];
-        let Ok((g, _)) = realise(target, &skeletons[r.skel], &r.choice) else {
+        let Ok((g, _)) = realise_at(i) else {
             continue;
         };
         let h = crate::json::hash(&g);
@@ -306,7 +303,7 @@ pub struct Progress {
 }
 
 /// A copy of the counters at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProgressSnapshot {
     pub states_explored: u64,
     pub states_pruned: u64,
@@ -763,13 +760,16 @@ fn realisations(skels: &[Skeleton], target: &KernelGraph, spec: &DeviceSpec) -> 
             }
         }
     }
-    out.sort_by(|a, b| {
-        a.est_us
-            .total_cmp(&b.est_us)
-            .then(a.skel.cmp(&b.skel))
-            .then(a.choice.cmp(&b.choice))
-    });
+    out.sort_by(real_order);
     out
+}
+
+/// The verification's order: best estimate first, ties by skeleton and choice.
+fn real_order(a: &Realisation, b: &Realisation) -> std::cmp::Ordering {
+    a.est_us
+        .total_cmp(&b.est_us)
+        .then(a.skel.cmp(&b.skel))
+        .then(a.choice.cmp(&b.choice))
 }
 
 fn target_exprs(g: &KernelGraph, node_limit: usize) -> Result<TargetExprs> {
@@ -823,9 +823,74 @@ fn search_in_pool(
     ctl: &SearchControl,
 ) -> Result<SearchResult> {
     let start = Instant::now();
+    let (_, tagged, en) = enumerate_space(target, spec, cfg, ctl, start, |_| true)?;
+    let enumerate_s = start.elapsed().as_secs_f64();
+    let skeletons: Vec<Skeleton> = tagged.into_iter().map(|(_, sk)| sk).collect();
+    let reals = realisations(&skeletons, target, spec);
+    let realise_at = |i: usize| {
+        let r = &reals[i];
+        realise(target, &skeletons[r.skel], &r.choice)
+    };
+    let space = Space {
+        reals: &reals,
+        kernels: skeletons.iter().map(|sk| sk.ops.len()).collect(),
+        fused_found: skeletons.iter().any(skeleton_is_fused),
+        realise: &realise_at,
+    };
+    conclude(target, spec, cfg, ctl, start, enumerate_s, en, &space)
+}
+
+/// Whether a skeleton has a customized (fused) kernel.
+fn skeleton_is_fused(sk: &Skeleton) -> bool {
+    sk.ops
+        .iter()
+        .any(|(op, _)| matches!(op, KOp::Custom { .. }))
+}
+
+/// Why a target is not searched beyond its baseline (ops the search does not fuse, mixed
+/// input dtypes): the stop reason's words and the report's note.
+fn blocked(target: &KernelGraph, vocab: &Vocab) -> Option<(String, String)> {
+    let dtypes: Vec<_> = target.input_signature().iter().map(|s| s.1).collect();
+    if !vocab.unsupported.is_empty() {
+        let ops = vocab.unsupported.join(", ");
+        Some((
+            format!("the target contains {ops}"),
+            format!("the target contains {ops}, which the search does not fuse; only the baseline is returned"),
+        ))
+    } else if dtypes.windows(2).any(|w| w[0] != w[1]) {
+        Some((
+            "the target mixes input dtypes".into(),
+            "the target mixes input dtypes; only the baseline is returned".into(),
+        ))
+    } else {
+        None
+    }
+}
+
+/// What the enumeration leaves for the verification and the report.
+struct Enumerated {
+    dfs_stop: Stop,
+    /// Why only the baseline is searched (see [`blocked`]).
+    blocked: Option<String>,
+    notes: Vec<String>,
+    /// Block programs enumerated, e-graph nodes, e-graph classes.
+    stats: (u64, usize, usize),
+}
+
+/// Skeletons tagged with the index of the first-level move each starts with.
+type Tagged = Vec<(usize, Skeleton)>;
+
+/// The e-graph, kernel and block levels of the search below the first-level moves `keep`
+/// accepts: the number of first-level moves, the skeletons with the move each starts with.
+fn enumerate_space(
+    target: &KernelGraph,
+    spec: &DeviceSpec,
+    cfg: &SearchConfig,
+    ctl: &SearchControl,
+    start: Instant,
+    keep: impl Fn(usize) -> bool + Sync,
+) -> Result<(usize, Tagged, Enumerated)> {
     let limit = cfg.time_limit_s.map(Duration::from_secs_f64);
-    let deadline = limit.map(|l| start + l);
-    let mut notes = vec![];
     let vocab = Vocab::from_target(target);
     let texprs = target_exprs(target, cfg.egraph_node_limit)?;
     let run = Run {
@@ -841,56 +906,149 @@ fn search_in_pool(
         dfs_deadline: limit.map(|l| start + l.mul_f64(0.7)),
         stop: AtomicU8::new(0),
     };
-    let dtypes: Vec<_> = target.input_signature().iter().map(|s| s.1).collect();
-    let mixed = dtypes.windows(2).any(|w| w[0] != w[1]);
     let memo = Memo::default();
-    let skeletons = if !vocab.unsupported.is_empty() {
-        notes.push(format!(
-            "the target contains {}, which the search does not fuse; only the baseline is returned",
-            vocab.unsupported.join(", ")
-        ));
-        vec![]
-    } else if mixed {
-        notes.push("the target mixes input dtypes; only the baseline is returned".into());
-        vec![]
-    } else {
-        let inputs: Vec<KTensor> = target
-            .input_signature()
-            .iter()
-            .enumerate()
-            .map(|(i, (dims, dtype))| {
-                let abs = run.target.lookup(expr::AbsNode::Sym(format!("in{i}")));
-                KTensor {
-                    dims: dims.clone(),
-                    value_dims: dims.clone(),
-                    dtype: *dtype,
-                    abs,
-                    chunks: None,
-                    elem_bytes: dtype.size_bytes(),
-                }
-            })
-            .collect();
-        kernel::search_kernels(&run, &vocab, &memo, inputs)
+    let why = blocked(target, &vocab);
+    let mut notes = vec![];
+    let (n_first, tagged) = match &why {
+        Some((_, note)) => {
+            notes.push(note.clone());
+            (0, vec![])
+        }
+        None => {
+            let inputs: Vec<KTensor> = target
+                .input_signature()
+                .iter()
+                .enumerate()
+                .map(|(i, (dims, dtype))| {
+                    let abs = run.target.lookup(expr::AbsNode::Sym(format!("in{i}")));
+                    KTensor {
+                        dims: dims.clone(),
+                        value_dims: dims.clone(),
+                        dtype: *dtype,
+                        abs,
+                        chunks: None,
+                        elem_bytes: dtype.size_bytes(),
+                    }
+                })
+                .collect();
+            kernel::search_kernels_where(&run, &vocab, &memo, inputs, keep)
+        }
     };
-    let dfs_stop = run.stop_reason();
-    let enumerate_s = start.elapsed().as_secs_f64();
+    let en = Enumerated {
+        dfs_stop: run.stop_reason(),
+        blocked: why.map(|(w, _)| w),
+        notes,
+        stats: (memo.programs() as u64, run.target.nodes, run.target.classes),
+    };
+    Ok((n_first, tagged, en))
+}
 
+/// How [`Space`] realises its i-th realisation.
+type RealiseAt<'a> = &'a (dyn Fn(usize) -> Result<(KernelGraph, String)> + Sync);
+
+/// The enumerated candidates the verification ranks: realisations best estimate first,
+/// each skeleton's kernel count, whether any skeleton is fused, and how to realise the
+/// i-th realisation (from skeletons locally, from shipped graphs after a sharded search).
+struct Space<'a> {
+    reals: &'a [Realisation],
+    kernels: Vec<usize>,
+    fused_found: bool,
+    realise: RealiseAt<'a>,
+}
+
+/// Rank and verify the candidates of `space`, add the baseline and write the report.
+#[allow(clippy::too_many_arguments)]
+fn conclude(
+    target: &KernelGraph,
+    spec: &DeviceSpec,
+    cfg: &SearchConfig,
+    ctl: &SearchControl,
+    start: Instant,
+    enumerate_s: f64,
+    en: Enumerated,
+    space: &Space<'_>,
+) -> Result<SearchResult> {
+    let deadline = cfg.time_limit_s.map(|l| start + Duration::from_secs_f64(l));
+    let dfs_stop = en.dfs_stop;
+    let mut notes = en.notes;
+    let target_hash = crate::json::hash(target);
+    let (mut verified, verify_stop, plan_rejects) =
+        verify_space(target, spec, cfg, ctl, deadline, &target_hash, space)?;
+    if plan_rejects > 0 {
+        notes.push(format!(
+            "{plan_rejects} candidate(s) did not lower to a valid kernel plan on this device"
+        ));
+    }
+
+    add_baseline_and_rank(target, spec, target_hash, &mut verified, &mut notes)?;
+
+    let p = &ctl.progress;
+    let n_fused = verified.iter().filter(|c| !c.baseline).count();
+    let fused_found = space.fused_found;
+    let stop_reason = match (dfs_stop, verify_stop) {
+        (Stop::Cancelled, _) | (_, Stop::Cancelled) => "cancelled".to_string(),
+        (Stop::Time, _) | (_, Stop::Time) => "time_limit".to_string(),
+        (Stop::States, _) => "state_limit".to_string(),
+        (Stop::Candidates, _) => "candidate_limit".to_string(),
+        _ if n_fused == 0 => {
+            let why = if let Some(b) = &en.blocked {
+                b.clone()
+            } else if !fused_found && p.smem_rejected.load(Ordering::Relaxed) > 0 {
+                format!(
+                    "no fused program fits the device ({} mappings exceeded its {} bytes of shared memory)",
+                    p.smem_rejected.load(Ordering::Relaxed),
+                    spec.shared_mem_per_block
+                )
+            } else if !fused_found {
+                "no fused program equivalent to the target was found within the search limits"
+                    .to_string()
+            } else {
+                format!("{} candidate(s) found, none verified", space.reals.len())
+            };
+            format!("no_candidates: {why}")
+        }
+        _ => "exhausted".to_string(),
+    };
+    if cfg.deterministic && stop_reason != "exhausted" {
+        notes.push(
+            "deterministic mode: the search hit a limit, so the candidate set may depend on timing"
+                .into(),
+        );
+    }
+    let report = report_of(p, cfg, start, enumerate_s, stop_reason, en.stats, notes);
+    Ok(SearchResult {
+        candidates: verified,
+        report,
+    })
+}
+
+/// The verification loop: fingerprint the candidates of `space` in estimate order until
+/// `top_k` pass; returns the verified ones, why it stopped early, and how many candidates
+/// did not lower to a kernel plan.
+fn verify_space(
+    target: &KernelGraph,
+    spec: &DeviceSpec,
+    cfg: &SearchConfig,
+    ctl: &SearchControl,
+    deadline: Option<Instant>,
+    target_hash: &str,
+    space: &Space<'_>,
+) -> Result<(Vec<Candidate>, Stop, usize)> {
     // Rank and verify.
     let p = &ctl.progress;
+    let reals = space.reals;
     let mut verified: Vec<Candidate> = vec![];
     let mut seen = std::collections::HashSet::new();
     let mut target_fp: Option<TrialCheck> = None;
     let mut verdicts: std::collections::HashMap<String, bool> = Default::default();
     let width = verify_width(target);
     let mut verify_stop = Stop::None;
-    let target_hash = crate::json::hash(target);
-    seen.insert(target_hash.clone());
-    let reals = realisations(&skeletons, target, spec);
+    seen.insert(target_hash.to_string());
     let mut tests = 0usize;
     let mut plan_rejects = 0usize;
     // First pass: at most PER_STRUCTURE tilings of one kernel structure, so the top-k the
     // device profiles are diverse; the second pass fills up with the skipped ones.
-    let mut per_skel = vec![0usize; skeletons.len()];
+    let mut per_skel = vec![0usize; space.kernels.len()];
     let mut leader: Option<usize> = None;
     let mut seen_tilings = std::collections::HashMap::new();
     let mut skipped = vec![];
@@ -899,7 +1057,7 @@ fn search_in_pool(
     let fewest = reals
         .iter()
         .filter(|r| r.est_us <= FEWEST_KERNELS_RATIO * best_est)
-        .map(|r| skeletons[r.skel].ops.len())
+        .map(|r| space.kernels[r.skel])
         .min();
     let runner_up = reals
         .iter()
@@ -929,7 +1087,7 @@ fn search_in_pool(
         if verified.len() >= cfg.top_k || tests >= cfg.max_verify {
             break;
         }
-        let kernels = skeletons[r.skel].ops.len();
+        let kernels = space.kernels[r.skel];
         // first pass: structures at their cap, or waiting for the fewest kernels, wait
         let held_back = |i: usize| {
             let skel = reals[i].skel;
@@ -938,7 +1096,7 @@ fn search_in_pool(
             } else {
                 PER_STRUCTURE
             };
-            let k = skeletons[skel].ops.len();
+            let k = space.kernels[skel];
             !second
                 && (per_skel[skel] >= cap
                     || held_for_fewest(&verified_kernels, fewest, cfg.top_k, k))
@@ -955,7 +1113,7 @@ fn search_in_pool(
             verify_stop = Stop::Time;
             break;
         }
-        let Ok((g, label)) = realise(target, &skeletons[r.skel], &r.choice) else {
+        let Ok((g, label)) = (space.realise)(queue[qi - 1]) else {
             p.rejected.fetch_add(1, Ordering::Relaxed);
             continue;
         };
@@ -995,9 +1153,7 @@ fn search_in_pool(
                 // on the H100 host), four at once give 2.3x its throughput. Verdicts of
                 // candidates the loop then skips are unused; the outcome is the serial loop's.
                 let ahead = lookahead(
-                    target,
-                    &skeletons,
-                    &reals,
+                    space.realise,
                     &queue[qi..],
                     spec,
                     width - 1,
@@ -1033,65 +1189,7 @@ fn search_in_pool(
             p.rejected.fetch_add(1, Ordering::Relaxed);
         }
     }
-    if plan_rejects > 0 {
-        notes.push(format!(
-            "{plan_rejects} candidate(s) did not lower to a valid kernel plan on this device"
-        ));
-    }
-
-    add_baseline_and_rank(target, spec, target_hash, &mut verified, &mut notes)?;
-
-    let n_fused = verified.iter().filter(|c| !c.baseline).count();
-    let fused_found = skeletons.iter().any(|sk| {
-        sk.ops
-            .iter()
-            .any(|(op, _)| matches!(op, KOp::Custom { .. }))
-    });
-    let stop_reason = match (dfs_stop, verify_stop) {
-        (Stop::Cancelled, _) | (_, Stop::Cancelled) => "cancelled".to_string(),
-        (Stop::Time, _) | (_, Stop::Time) => "time_limit".to_string(),
-        (Stop::States, _) => "state_limit".to_string(),
-        (Stop::Candidates, _) => "candidate_limit".to_string(),
-        _ if n_fused == 0 => {
-            let why = if !vocab.unsupported.is_empty() {
-                format!("the target contains {}", vocab.unsupported.join(", "))
-            } else if mixed {
-                "the target mixes input dtypes".to_string()
-            } else if !fused_found && p.smem_rejected.load(Ordering::Relaxed) > 0 {
-                format!(
-                    "no fused program fits the device ({} mappings exceeded its {} bytes of shared memory)",
-                    p.smem_rejected.load(Ordering::Relaxed),
-                    spec.shared_mem_per_block
-                )
-            } else if !fused_found {
-                "no fused program equivalent to the target was found within the search limits"
-                    .to_string()
-            } else {
-                format!("{} candidate(s) found, none verified", reals.len())
-            };
-            format!("no_candidates: {why}")
-        }
-        _ => "exhausted".to_string(),
-    };
-    if cfg.deterministic && stop_reason != "exhausted" {
-        notes.push(
-            "deterministic mode: the search hit a limit, so the candidate set may depend on timing"
-                .into(),
-        );
-    }
-    let report = report_of(
-        p,
-        cfg,
-        start,
-        enumerate_s,
-        stop_reason,
-        (memo.programs() as u64, run.target.nodes, run.target.classes),
-        notes,
-    );
-    Ok(SearchResult {
-        candidates: verified,
-        report,
-    })
+    Ok((verified, verify_stop, plan_rejects))
 }
 
 /// The report of a finished search from its progress counters: `programs_nodes_classes` =

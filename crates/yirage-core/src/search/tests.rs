@@ -596,3 +596,51 @@ fn tiling_rule_keeps_every_block_legal() {
         "the CPU search no longer proposes a block the rule forbids: pick another shape"
     );
 }
+
+#[test]
+fn shards_merge_to_the_local_search() {
+    use super::shard::{merge_shards, search_shard, ShardOutput};
+    let target = gated_mlp(8, 256, 256);
+    let c = SearchConfig {
+        deterministic: true,
+        ..cfg()
+    };
+    let spec = DeviceSpec::cpu2();
+    let local = search(&target, &spec, &c, &SearchControl::default()).unwrap();
+    let hashes = |r: &SearchResult| {
+        r.candidates
+            .iter()
+            .map(|c| c.hash.clone())
+            .collect::<Vec<_>>()
+    };
+    for n in [1, 3] {
+        let outs: Vec<ShardOutput> = (0..n)
+            .rev()
+            .map(|i| {
+                let o = search_shard(&target, &spec, &c, &SearchControl::default(), i, n).unwrap();
+                ShardOutput::from_json(&o.to_json()).unwrap()
+            })
+            .collect();
+        assert!(
+            outs[0].first_moves >= n,
+            "{} first moves",
+            outs[0].first_moves
+        );
+        let merged =
+            merge_shards(&target, &spec, &c, &SearchControl::default(), &outs, 0.0).unwrap();
+        assert_eq!(merged.report.stop_reason, "exhausted");
+        assert_eq!(hashes(&merged), hashes(&local), "{n} shards");
+        // a missing shard is an error, never a partial result
+        let e = merge_shards(
+            &target,
+            &spec,
+            &c,
+            &SearchControl::default(),
+            &outs[1..],
+            0.0,
+        );
+        assert!(n == 1 || e.is_err());
+    }
+    let e = search_shard(&target, &spec, &c, &SearchControl::default(), 2, 2).unwrap_err();
+    assert!(e.to_string().contains("shard index 2"), "{e}");
+}

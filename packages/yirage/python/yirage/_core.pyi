@@ -38,9 +38,11 @@ __all__ = [
     "equivalent",
     "field_info",
     "kernel_plan",
+    "merge_search_shards",
     "predicted_us",
     "search",
     "search_config_json",
+    "search_shard",
 ]
 
 class YirageError(Exception):
@@ -208,6 +210,16 @@ def kernel_plan(graph: KernelGraph, device_spec: str) -> str:
 
 def device_spec_json(device_spec: str) -> str:
     """Validate a DeviceSpec (JSON) and return its canonical JSON."""
+
+def search_shard(graph: KernelGraph, device_spec: str, options: str, index: int, count: int) -> str:
+    """Run shard ``index`` of ``count`` of the search (every ``count``-th first-level move);
+    returns its candidates as JSON for :func:`merge_search_shards`. GIL released."""
+
+def merge_search_shards(
+    graph: KernelGraph, device_spec: str, options: str, shards: list[str], enumerate_s: float
+) -> SearchResult:
+    """Merge the JSON of every shard of one search, de-duplicate and verify on this side
+    (a missing or repeated shard is an error). GIL released."""
 
 def search_config_json(options: str = "{}") -> str:
     """Validate search options (JSON object) and return the complete canonical config."""

@@ -20,6 +20,7 @@ __all__ = [
     "backends",
     "cache_dir",
     "log_level",
+    "ray_address",
     "register_env_var",
     "require_device",
     "threads",
@@ -72,6 +73,13 @@ YIRAGE_LOGS = EnvVar(
     "WARNING",
     "Log level of the 'yirage' logger: DEBUG, INFO, WARNING, ERROR or CRITICAL.",
 )
+YIRAGE_RAY_ADDRESS = EnvVar(
+    "YIRAGE_RAY_ADDRESS",
+    None,
+    "Address of the Ray cluster that search(..., executor='ray') connects to (e.g. "
+    "'ray://head:10001' or 'auto'). Unset: an already initialised Ray, else a local Ray "
+    "started in this process.",
+)
 YIRAGE_REQUIRE_DEVICE = EnvVar(
     "YIRAGE_REQUIRE_DEVICE",
     "0",
@@ -88,6 +96,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     YIRAGE_BACKENDS,
     YIRAGE_CACHE_DIR,
     YIRAGE_LOGS,
+    YIRAGE_RAY_ADDRESS,
     YIRAGE_REQUIRE_DEVICE,
     YIRAGE_THREADS,
 )
@@ -154,6 +163,11 @@ def log_level() -> int:
     if upper not in _LEVELS:
         raise ConfigError(f"YIRAGE_LOGS={raw!r} is not a log level: expected one of {_LEVELS}")
     return int(getattr(logging, upper))
+
+
+def ray_address() -> str | None:
+    """The Ray cluster address from ``YIRAGE_RAY_ADDRESS``, or None."""
+    return YIRAGE_RAY_ADDRESS.raw()
 
 
 def require_device() -> bool:

@@ -160,6 +160,9 @@ class SearchReport:
     notes: tuple[str, ...] = ()
     backend: str = ""
     device_spec: str = ""
+    #: ``executor="ray"``: per-shard runs, stragglers, retried shards, the longest shard's
+    #: share of the shards' total time (see ``yirage._distributed``); None for a local search.
+    distribution: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], **extra: Any) -> SearchReport:
@@ -188,6 +191,13 @@ class SearchReport:
             f"verified {self.verified}, rejected {self.rejected}; e-graph {self.egraph_nodes} "
             f"nodes / {self.egraph_classes} classes",
         ]
+        if self.distribution is not None:
+            d = self.distribution
+            lines.append(
+                f"  ray: {len(d['shards'])} shards in {d['wall_s']:.2f} s, longest shard "
+                f"{d['longest_share']:.0%} of the shards' time, stragglers {d['stragglers']}, "
+                f"retried {d['retried']}"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -474,6 +484,7 @@ def search(
     *,
     device_spec: Any = None,
     cache: bool = True,
+    executor: str = "local",
     **options: Any,
 ) -> SearchResult:
     """Search µGraphs equivalent to ``graph`` for a device; return verified candidates, best
@@ -487,11 +498,18 @@ def search(
     ``max_candidates``, ``prune``, ``trials`` …) may be given as keywords. ``threads``
     defaults to ``YIRAGE_THREADS`` (else all cores). ``progress``: True for a progress line
     on stderr, or a callable receiving a dict of counters every 50 ms. ``cache=False``
-    bypasses the disk cache. Ctrl-C cancels the search (``KeyboardInterrupt``)."""
+    bypasses the disk cache. Ctrl-C cancels the search (``KeyboardInterrupt``).
+    ``executor="ray"`` runs the search as shards on a Ray cluster (``YIRAGE_RAY_ADDRESS``,
+    else a local one; needs ``pip install 'yirage[ray]'``) and verifies on this side; the
+    report's ``distribution`` has the per-shard times."""
     if not isinstance(graph, KernelGraph):
         raise TypeError(f"search() takes a yirage.KernelGraph, got {type(graph).__name__}")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise ConfigError(f"top_k must be a positive int, got {top_k!r}")
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if executor == "ray" and progress is not False:
+        raise ConfigError("progress is not reported with executor='ray'; pass progress=False")
     if time_limit is not None and not time_limit >= 0:
         raise ConfigError(f"time_limit must be ≥ 0 seconds or None, got {time_limit!r}")
     if device_spec is not None:
@@ -513,7 +531,9 @@ def search(
     else:
         callback = None
     if not cache:
-        return _run(graph, spec_json, config_json, callback, progress is True, backend_name, notes)
+        return _run(
+            graph, spec_json, config_json, callback, progress is True, backend_name, notes, executor
+        )
     path = _cache_path(graph, backend_name, spec_json, config_json)
     # The lock is held across the search so a concurrent identical search waits and then
     # reads the entry instead of searching again.
@@ -524,7 +544,7 @@ def search(
             if hit is not None:
                 return hit
         result = _run(
-            graph, spec_json, config_json, callback, progress is True, backend_name, notes
+            graph, spec_json, config_json, callback, progress is True, backend_name, notes, executor
         )
         if result.report.stop_reason != "cancelled":
             entry_doc = {
@@ -549,15 +569,30 @@ def _run(
     line: bool,
     backend_name: str,
     notes: list[str],
+    executor: str = "local",
 ) -> SearchResult:
+    distribution = None
     try:
-        raw = _core.search(graph._g, spec_json, config_json, callback)
+        if executor == "ray":
+            from . import _distributed
+
+            raw, distribution = _distributed.run_sharded(graph._g, spec_json, config_json)
+            notes = notes + [
+                f"shard {s['index']} was retried by Ray after its worker died ({s['attempts']} "
+                "attempts)"
+                for s in distribution["shards"]
+                if s["attempts"] > 1
+            ]
+        else:
+            raw = _core.search(graph._g, spec_json, config_json, callback)
     finally:
         if line:
             sys.stderr.write("\n")
     rep = json.loads(raw.report_json)
     rep["notes"] = list(rep.get("notes", [])) + notes
-    report = SearchReport.from_dict(rep, backend=backend_name, device_spec=spec_json)
+    report = SearchReport.from_dict(
+        rep, backend=backend_name, device_spec=spec_json, distribution=distribution
+    )
     cands = [
         Candidate(
             KernelGraph._wrap(c.graph), c.predicted_us, c.hash, c.label, c.baseline, spec_json

@@ -191,7 +191,8 @@ def superoptimize(
             the fastest, and contenders far behind after ``PRUNE_AFTER_ROUNDS`` turns are
             dropped from the race (see ``yirage._race``).
         **search_options: further :func:`yirage.search` options (``time_limit``,
-            ``max_states``, ``threads``, ``seed``, ``deterministic``, ``max_kernel_ops`` …).
+            ``max_states``, ``threads``, ``seed``, ``deterministic``, ``max_kernel_ops``,
+            ``executor="ray"`` for a search sharded over a Ray cluster …).
 
     Raises:
         GraphError: the graph has no outputs.
