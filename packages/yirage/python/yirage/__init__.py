@@ -7,6 +7,7 @@ installed hardware backends. See README.md for what exists today.
 
 from __future__ import annotations
 
+from yirage import kernel
 from yirage._backend import (
     PLUGIN_API,
     Backend,
@@ -98,6 +99,7 @@ __all__ = [
     "get_available_backends",
     "get_backend_info",
     "is_backend_available",
+    "kernel",
     "load_kernel",
     "new_kernel_graph",
     "new_threadblock_graph",
