@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from yirage._errors import ConfigError
 from yirage._graph import KernelGraph
 from yirage.plan import GeneratedKernel, LibraryKernel, Plan, parse_plan
+
+if TYPE_CHECKING:
+    from yirage._search import Candidate, SearchResult
 
 __all__ = ["HardwareOptimizer", "KernelLaunch", "LaunchPlan"]
 
@@ -81,7 +84,7 @@ def _launch(k: GeneratedKernel) -> KernelLaunch:
     )
 
 
-def launch_plan(plan: Plan, backend: str, device: str, best: Any) -> LaunchPlan:
+def launch_plan(plan: Plan, backend: str, device: str, best: Candidate) -> LaunchPlan:
     """The :class:`LaunchPlan` of a parsed plan and the search candidate it came from."""
     return LaunchPlan(
         backend=backend,
@@ -118,7 +121,7 @@ class HardwareOptimizer:
         self._config = config
         self._time_limit = time_limit
         self._options = dict(search_options)
-        self._results: dict[str, Any] = {}
+        self._results: dict[str, SearchResult] = {}
         self._spec: dict[str, Any] | None = None
 
     @property
@@ -137,7 +140,7 @@ class HardwareOptimizer:
     def device(self) -> str:
         return str(self.device_spec.get("name") or "unnamed device")
 
-    def search(self, graph: KernelGraph) -> Any:
+    def search(self, graph: KernelGraph) -> SearchResult:
         """:func:`yirage.search` of ``graph`` for this backend and device (memoised per
         graph; the search's own disk cache applies too)."""
         if not isinstance(graph, KernelGraph):
