@@ -7,7 +7,7 @@ installed hardware backends. See README.md for what exists today.
 
 from __future__ import annotations
 
-from yirage import kernel
+from yirage import devices, kernel
 from yirage._backend import (
     PLUGIN_API,
     Backend,
@@ -32,6 +32,7 @@ from yirage._errors import (
     ShapeError,
     YirageError,
 )
+from yirage._estimate import Estimate, KernelEstimate, estimate
 from yirage._graph import (
     DTensor,
     KernelGraph,
@@ -52,6 +53,7 @@ from yirage._report import CandidateReport, SuperoptimizeReport
 from yirage._search import Candidate, KernelPlan, SearchReport, SearchResult, search
 from yirage._superoptimize import SuperoptimizeError, superoptimize
 from yirage._version import __version__
+from yirage.devices import DeviceEntry, get_device_spec, register_custom_device
 from yirage.export import ExportResult, export_kernels
 
 __all__ = [
@@ -67,11 +69,14 @@ __all__ = [
     "DTensor",
     "DType",
     "DTypeError",
+    "DeviceEntry",
     "DeviceSpec",
     "EnvVar",
+    "Estimate",
     "EvaluationError",
     "ExportResult",
     "GraphError",
+    "KernelEstimate",
     "KernelGraph",
     "KernelPlan",
     "MappingError",
@@ -92,17 +97,21 @@ __all__ = [
     "YirageError",
     "__version__",
     "bfloat16",
+    "devices",
     "equivalent",
+    "estimate",
     "export_kernels",
     "float16",
     "float32",
     "get_available_backends",
     "get_backend_info",
+    "get_device_spec",
     "is_backend_available",
     "kernel",
     "load_kernel",
     "new_kernel_graph",
     "new_threadblock_graph",
+    "register_custom_device",
     "search",
     "superoptimize",
 ]

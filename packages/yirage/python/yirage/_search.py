@@ -483,6 +483,7 @@ def search(
     top_k: int = 4,
     *,
     device_spec: Any = None,
+    device: str | None = None,
     cache: bool = True,
     executor: str = "local",
     **options: Any,
@@ -493,7 +494,9 @@ def search(
     ``backend``: a backend name or Backend object whose DeviceSpec shapes the search
     (default ``"cpu"``), or pass ``device_spec=`` — a ``yirage.DeviceSpec``, mapping or JSON —
     to search for a device that is not present (its ``vendor`` then names the backend unless
-    ``backend`` is given). ``config``: a preset (``"attention"``, ``"mlp"``, ``"lora"``) or a
+    ``backend`` is given), or ``device=`` a chip of the registry (``"MI300X"``, ``"H100"``;
+    see :mod:`yirage.devices`), whose notes then say the ranking is the cost model's alone.
+    ``config``: a preset (``"attention"``, ``"mlp"``, ``"lora"``) or a
     mapping of search options; further options (``max_kernel_ops``, ``max_block_ops``,
     ``max_candidates``, ``prune``, ``trials`` …) may be given as keywords. ``threads``
     defaults to ``YIRAGE_THREADS`` (else all cores). ``progress``: True for a progress line
@@ -502,6 +505,10 @@ def search(
     ``executor="ray"`` runs the search as shards on a Ray cluster (``YIRAGE_RAY_ADDRESS``,
     else a local one; needs ``pip install 'yirage[ray]'``) and verifies on this side; the
     report's ``distribution`` has the per-shard times."""
+    if device is not None:  # a registry chip, searched as its device_spec
+        from yirage.devices import _search_for_device
+
+        return _search_for_device(search, dict(locals()))
     if not isinstance(graph, KernelGraph):
         raise TypeError(f"search() takes a yirage.KernelGraph, got {type(graph).__name__}")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
