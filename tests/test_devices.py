@@ -291,3 +291,24 @@ def test_the_docs_table_lists_every_registry_name() -> None:
     for e in devices.list_devices():
         listed.setdefault(e.backend, []).append(e.name)
     assert rows == listed
+
+
+def test_superoptimize_takes_a_device_name_as_its_pinned_spec() -> None:
+    """The chip's spec shapes the search; the candidates are built and timed here."""
+    g = _silu_matmul()
+    k = yr.superoptimize(
+        g,
+        backend="cpu",
+        device="EPYC 9654",
+        top_k=1,
+        cache=False,
+        profile_options={"min_time_s": 0.01, "min_repeats": 5},
+    )
+    assert any(
+        "DeviceSpec given as device_spec=" in n and "AMD EPYC 9654" in n for n in k.report.notes
+    ), k.report.notes
+    assert k.report.device == yr.get_backend_info("cpu").device_spec.name  # ran here
+    with pytest.raises(yr.ConfigError, match="not both"):
+        yr.superoptimize(g, backend="cpu", device="EPYC 9654", device_spec=PINNED_GPU)
+    with pytest.raises(devices.UnknownDeviceError):
+        yr.superoptimize(g, backend="cpu", device="EPYC 965")

@@ -64,7 +64,7 @@ from yirage._check import (
     to_numpy32,
     tolerance_for,
 )
-from yirage._errors import BackendUnavailableError, GraphError, YirageError
+from yirage._errors import BackendUnavailableError, ConfigError, GraphError, YirageError
 from yirage._graph import KernelGraph, _register_superoptimizer
 from yirage._kernel import OptimizedKernel
 from yirage._logging import get_logger
@@ -183,6 +183,7 @@ def superoptimize(
             what the search finds does not depend on the host (tests pin it). The
             candidates are still built, checked and timed on the backend's device, and
             code is printed for that device; the spec is part of the decision cache key.
+            ``device="MI300X"`` (a :mod:`yirage.devices` name) stands for that chip's spec.
         profile_options: go to the backend's ``profile`` (e.g. ``min_time_s``;
             ``rounds`` sets the number of interleaved profiling turns, default
             ``PROFILE_ROUNDS``). Each contender's time is its best turn's median, so load
@@ -205,6 +206,13 @@ def superoptimize(
         KeyboardInterrupt: Ctrl-C (the search stops within a second).
     """
     _validate(graph, top_k)
+    device = search_options.pop("device", None)
+    if device is not None:  # a registry chip (yirage.devices): its spec, as device_spec=
+        from yirage.devices import get_device_spec
+
+        if device_spec is not None:
+            raise ConfigError("superoptimize: pass device= or device_spec=, not both")
+        device_spec = get_device_spec(str(device))
     t_start = time.perf_counter()
     run = _start(graph, resolve_backend(backend), check, device_spec, t_start)
     decision = (
