@@ -194,6 +194,20 @@ def test_the_baseline_answers_no_launch() -> None:
     assert "matmul" in plan.library_ops
 
 
+def test_a_registry_name_answers_as_the_search_for_that_chip() -> None:
+    graph = _graph()
+    by_name = kernel.CUDAOptimizer(device="H100 SXM", **SEARCH).optimize_grid_block_dims(graph)
+    best = yr.search(graph, device="H100 SXM", cache=False, **SEARCH).best
+    searched = parse_plan(best.kernel_plan()).generated
+    assert [(d.grid, d.block, d.input_tiles) for d in by_name] == [
+        (k.grid, (k.block_threads, 1, 1), tuple(a.tile for a in k.inputs)) for k in searched
+    ]
+    with pytest.raises(yr.ConfigError, match="ask ROCmOptimizer"):
+        kernel.CUDAOptimizer(device="MI300X").optimize(graph)
+    with pytest.raises(yr.ConfigError, match="not both"):
+        kernel.CUDAOptimizer(_table("cuda", "H100 SXM"), device="H100 SXM")
+
+
 def test_no_device_here_names_the_fix() -> None:
     if yr.is_backend_available("rocm"):
         pytest.skip("an AMD GPU is here")

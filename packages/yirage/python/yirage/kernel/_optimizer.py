@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 
 __all__ = ["HardwareOptimizer", "KernelLaunch", "LaunchPlan"]
 
+#: backend -> the optimizer answering for it (named in errors)
+OPTIMIZERS = {
+    "cuda": "CUDAOptimizer",
+    "rocm": "ROCmOptimizer",
+    "mps": "MPSOptimizer",
+    "cpu": "CPUOptimizer",
+    "ascend": "AscendOptimizer",
+    "tpu": "TPUOptimizer",
+}
+
 
 @dataclass(frozen=True)
 class KernelLaunch:
@@ -102,9 +112,11 @@ class HardwareOptimizer:
     """Answers a backend's launch questions for a graph on a device from the real search.
 
     ``device_spec``: a :class:`yirage.DeviceSpec`, mapping or JSON of the device to answer
-    for; None: the device this backend finds on this machine (BackendUnavailableError with
-    the probe's reason when there is none). ``config``, ``time_limit`` and further keywords
-    go to :func:`yirage.search` unchanged, so an answer equals what that search picks."""
+    for, or ``device=`` the name of a chip of :mod:`yirage.devices` (``"H100"``,
+    ``"MI300X"``) of this optimizer's backend; neither: the device this backend finds on
+    this machine (BackendUnavailableError with the probe's reason when there is none).
+    ``config``, ``time_limit`` and further keywords go to :func:`yirage.search` unchanged,
+    so an answer equals what that search picks."""
 
     #: the backend whose printer the answers are for
     backend: ClassVar[str] = ""
@@ -113,11 +125,15 @@ class HardwareOptimizer:
         self,
         device_spec: Any = None,
         *,
+        device: str | None = None,
         config: str | Mapping[str, Any] | None = None,
         time_limit: float | None = 60,
         **search_options: Any,
     ) -> None:
+        if device is not None and device_spec is not None:
+            raise ConfigError("pass device= (a registry name) or device_spec=, not both")
         self._spec_arg = device_spec
+        self._device_name = device
         self._config = config
         self._time_limit = time_limit
         self._options = dict(search_options)
@@ -131,10 +147,25 @@ class HardwareOptimizer:
             from yirage._search import _as_dict, _backend_spec
 
             spec = self._spec_arg
-            if spec is None:
+            if self._device_name is not None:
+                spec = self._registry_spec(self._device_name)
+            elif spec is None:
                 _, spec = _backend_spec(self.backend)
             self._spec = _as_dict(spec)
         return self._spec
+
+    def _registry_spec(self, name: str) -> Any:
+        """The spec of a registry chip, refused when another backend's printer runs it."""
+        from yirage.devices import get_device
+
+        entry = get_device(name)
+        if entry.backend != self.backend:
+            other = OPTIMIZERS.get(entry.backend, f"the {entry.backend} backend")
+            raise ConfigError(
+                f"{entry.name!r} is a {entry.backend} device, not {self.backend}: "
+                f"ask {other} about it"
+            )
+        return entry.spec
 
     @property
     def device(self) -> str:
