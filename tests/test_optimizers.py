@@ -171,6 +171,22 @@ def test_answers_move_with_the_search_pick() -> None:
     assert amd[0].warp_size == 64 and nvidia[0].warp_size == 32
 
 
+def test_cpu_vector_width_is_the_printers() -> None:
+    """The CPU answer's vector width is the float32 lanes the CPU printer vectorises with
+    for the same spec and kernel."""
+    codegen = pytest.importorskip("yirage_cpu._codegen")
+    graph = _graph()
+    (answer,) = kernel.CPUOptimizer(REFERENCE_CPU, **SEARCH).optimize_for_cpu(graph)
+    plan = parse_plan(_best(graph, "cpu", REFERENCE_CPU).kernel_plan())
+    (k,) = plan.generated
+    bits = REFERENCE_CPU.simd_width_bits
+    printer = codegen._KernelPrinter(k, {b.id: b for b in plan.buffers}, "k", bits)
+    assert answer.vector_width == printer.vl == 16
+    narrow = dataclasses.replace(REFERENCE_CPU, name="avx2", simd_width_bits=256)
+    (avx2,) = kernel.CPUOptimizer(narrow, **SEARCH).optimize_for_cpu(graph)
+    assert avx2.vector_width == 8
+
+
 def test_tpu_block_shapes_obey_the_tiling_rule() -> None:
     spec = _table("tpu", "TPU v5e")
     graph = _graph()
