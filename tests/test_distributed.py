@@ -108,3 +108,30 @@ def test_unknown_executor_is_a_config_error() -> None:
     g = _workloads.get_workload("rms_norm").graph("cpu")
     with pytest.raises(yr.ConfigError, match="'local' or 'ray'"):
         yr.search(g, device_spec=REFERENCE_CPU, executor="dask", cache=False)
+
+
+def test_projected_speedup_assigns_longest_shards_first() -> None:
+    # shards 4, 3, 3, 2 on 2 workers: {4, 2} and {3, 3} -> 6; one worker: 12; merge 1 s
+    assert _distributed.projected_speedup([3.0, 4.0, 2.0, 3.0], 2, merge_s=1.0) == 13.0 / 7.0
+    assert _distributed.projected_speedup([3.0, 4.0, 2.0, 3.0], 8) == 12.0 / 4.0
+    with pytest.raises(yr.ConfigError, match="workers must be"):
+        _distributed.projected_speedup([1.0], 0)
+
+
+def test_shard_balance_on_the_unnarrowed_gqa_search(cluster: None) -> None:
+    """GQA decode without its preset (up to four kernels: 53 first-level moves) in 16
+    shards: the report's longest share and projections follow from the shard times, and the
+    merged candidates are still the local search's."""
+    w = _workloads.get_workload("gqa_decode")
+    g = w.graph("cpu")
+    spec_json, _ = yr._search.device_spec_json(REFERENCE_CPU, None)
+    opts = json.dumps({"deterministic": True, "time_limit_s": None, "threads": 1})
+    raw, dist = _distributed.run_sharded(g._g, spec_json, opts, shards=16)
+    local = _core.search(g._g, spec_json, opts)
+    assert [c.hash for c in raw.candidates] == [c.hash for c in local.candidates]
+    times = [s["elapsed_s"] for s in dist["shards"]]
+    assert dist["longest_share"] == max(times) / sum(times)
+    for n, speedup in dist["projected_speedup"].items():
+        assert speedup == _distributed.projected_speedup(times, int(n), dist["merge_s"])
+        assert 1.0 <= speedup <= 1.0 / dist["longest_share"] + 1e-9
+    print(json.dumps({k: v for k, v in dist.items() if k != "shards"}, indent=1))

@@ -23,7 +23,7 @@ from typing import Any
 from . import _core, _env
 from ._errors import ConfigError, YirageError
 
-__all__ = ["ShardRun", "install_hint", "run_sharded"]
+__all__ = ["ShardRun", "install_hint", "projected_speedup", "run_sharded"]
 
 #: Ray's retries of a shard whose worker process died.
 MAX_RETRIES = 3
@@ -123,6 +123,21 @@ def _shard_task(
     return out, node, os.getpid()
 
 
+def projected_speedup(shard_s: list[float], workers: int, merge_s: float = 0.0) -> float:
+    """Projected speed-up of ``workers`` workers over one that runs every shard: the shards
+    (measured times ``shard_s``) go longest first to the least loaded worker, the slowest
+    worker's total is the sharded phase's time, and the driver's merge (``merge_s``) adds
+    to both sides unchanged. Transfer and scheduling costs are left out."""
+    if workers < 1:
+        raise ConfigError(f"workers must be ≥ 1, got {workers}")
+    loads = [0.0] * workers
+    for t in sorted(shard_s, reverse=True):
+        loads[loads.index(min(loads))] += t
+    one = sum(shard_s) + merge_s
+    many = max(loads) + merge_s
+    return one / many if many > 0 else 1.0
+
+
 def _stragglers(times: list[float]) -> list[int]:
     """Shards that took over ``STRAGGLER_RATIO`` times the median shard's time."""
     ordered = sorted(times)
@@ -170,12 +185,13 @@ def run_sharded(
     wall = time.perf_counter() - t0
     counts = ray.get(attempts.counts.remote())
     ray.kill(attempts)
+    t1 = time.perf_counter()
     result = _core.merge_search_shards(graph, spec_json, config_json, [o[0] for o in outs], wall)
-    return result, _summary(outs, counts, wall)
+    return result, _summary(outs, counts, wall, time.perf_counter() - t1)
 
 
 def _summary(
-    outs: list[tuple[str, str, int]], counts: dict[int, int], wall: float
+    outs: list[tuple[str, str, int]], counts: dict[int, int], wall: float, merge_s: float
 ) -> dict[str, Any]:
     """The report's ``distribution`` entry."""
     runs = []
@@ -198,7 +214,9 @@ def _summary(
         "executor": "ray",
         "shards": [r.to_dict() for r in runs],
         "wall_s": wall,
+        "merge_s": merge_s,
         "longest_share": max(times) / total if total > 0 else 0.0,
+        "projected_speedup": {str(n): projected_speedup(times, n, merge_s) for n in (2, 4, 8, 16)},
         "stragglers": _stragglers(times),
         "retried": [r.index for r in runs if r.attempts > 1],
     }
