@@ -135,3 +135,20 @@ def test_shard_balance_on_the_unnarrowed_gqa_search(cluster: None) -> None:
         assert speedup == _distributed.projected_speedup(times, int(n), dist["merge_s"])
         assert 1.0 <= speedup <= 1.0 / dist["longest_share"] + 1e-9
     print(json.dumps({k: v for k, v in dist.items() if k != "shards"}, indent=1))
+
+
+def test_the_search_report_names_a_retried_shard(
+    cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = _distributed.run_sharded
+
+    def crash_shard_1(*args: Any, **kw: Any) -> Any:
+        return real(*args, **kw, _crash_shards=(1,))
+
+    monkeypatch.setattr(_distributed, "run_sharded", crash_shard_1)
+    res = _search("rms_norm", executor="ray")
+    assert res.report.distribution is not None
+    assert res.report.distribution["retried"] == [1]
+    assert any("shard 1 was retried by Ray" in n for n in res.report.notes)
+    assert "retried [1]" in str(res.report)
+    assert [c.hash for c in res.candidates] == [c.hash for c in _search("rms_norm").candidates]
