@@ -54,6 +54,9 @@ pub struct ShardOutput {
     /// `exhausted`, `time_limit`, `state_limit`, `candidate_limit` or `cancelled`.
     pub stop: String,
     pub elapsed_s: f64,
+    /// Of `elapsed_s`: the e-graph, kernel and block levels, and realising the candidates.
+    pub enumerate_s: f64,
+    pub realise_s: f64,
     pub progress: ProgressSnapshot,
     pub block_programs: u64,
     pub egraph_nodes: usize,
@@ -132,6 +135,7 @@ pub fn search_shard(
     let (first_moves, tagged, en) = with_threads(cfg.threads, || {
         enumerate_space(&canon, spec, cfg, ctl, start, |i| i % count == index)
     })?;
+    let enumerate_s = start.elapsed().as_secs_f64();
     let mut skeletons = Vec::with_capacity(tagged.len());
     for (first_move, sk) in &tagged {
         let reals = realisations(std::slice::from_ref(sk), &canon, spec);
@@ -160,6 +164,8 @@ pub fn search_shard(
         first_moves,
         stop: stop_name(en.dfs_stop).into(),
         elapsed_s: start.elapsed().as_secs_f64(),
+        enumerate_s,
+        realise_s: start.elapsed().as_secs_f64() - enumerate_s,
         progress: ctl.progress.snapshot(),
         block_programs: en.stats.0,
         egraph_nodes: en.stats.1,

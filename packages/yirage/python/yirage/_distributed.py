@@ -40,12 +40,15 @@ def install_hint() -> str:
 
 @dataclass(frozen=True)
 class ShardRun:
-    """One shard as it ran: ``elapsed_s`` inside the worker, ``attempts`` (above 1 when Ray
-    retried it after its worker died), the worker's ``node`` and ``pid``, the skeletons it
-    found and why it stopped."""
+    """One shard as it ran: ``elapsed_s`` inside the worker (``enumerate_s`` of it in the
+    search levels, ``realise_s`` building the candidate graphs it sends), ``attempts`` (above
+    1 when Ray retried it after its worker died), the worker's ``node`` and ``pid``, the
+    skeletons it found and why it stopped."""
 
     index: int
     elapsed_s: float
+    enumerate_s: float
+    realise_s: float
     attempts: int
     node: str
     pid: int
@@ -56,6 +59,8 @@ class ShardRun:
         return {
             "index": self.index,
             "elapsed_s": self.elapsed_s,
+            "enumerate_s": self.enumerate_s,
+            "realise_s": self.realise_s,
             "attempts": self.attempts,
             "node": self.node,
             "pid": self.pid,
@@ -201,6 +206,8 @@ def _summary(
             ShardRun(
                 index=i,
                 elapsed_s=float(doc["elapsed_s"]),
+                enumerate_s=float(doc["enumerate_s"]),
+                realise_s=float(doc["realise_s"]),
                 attempts=int(counts.get(i, 1)),
                 node=node,
                 pid=pid,
