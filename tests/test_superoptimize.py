@@ -615,7 +615,14 @@ def test_the_default_backend_is_the_best_one_with_a_code_generator(
 ) -> None:
     from yirage import _registry
 
-    # mps is ranked above cpu but only probes its hardware (no code generator yet)
+    # mps is ranked above cpu; here it stands for a backend that only probes its hardware
+    info = _registry.get_backend_info
+
+    def probe_only_mps(name: str) -> Any:
+        got = info(name)
+        return dataclasses.replace(got, codegen_implemented=False) if name == "mps" else got
+
+    monkeypatch.setattr(_registry, "get_backend_info", probe_only_mps)
     monkeypatch.setattr(_registry, "get_available_backends", lambda: ["mps", "cpu"])
     assert _registry.resolve_backend(None).name == "cpu"
     monkeypatch.setattr(_registry, "get_available_backends", lambda: ["mps"])
