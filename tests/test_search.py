@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _thread
 import re
+import signal
 import threading
 import time
 from typing import Any
@@ -246,6 +247,9 @@ def test_progress_callback_receives_counters() -> None:
 
 
 def test_ctrl_c_interrupts_within_a_second() -> None:
+    # Python's own Ctrl-C handler: a library loaded earlier in the test process may have
+    # replaced it, and interrupt_main() then does nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, _thread.interrupt_main)
     t0 = time.perf_counter()
     timer.start()
@@ -260,6 +264,7 @@ def test_ctrl_c_interrupts_within_a_second() -> None:
             )
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.perf_counter() - t0 < 1.5
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import glob
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,10 +143,40 @@ def jax_tpu_device() -> tuple[Any, str]:
     return devices[0], f"jax sees {len(devices)} TPU device(s)"
 
 
+#: Asks jax for the TPUs in a child process (see :func:`jax_tpu_kind`).
+_KIND_SCRIPT = """
+import json, os, sys
+os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+try:
+    import jax
+    devices = jax.devices("tpu")
+    print(json.dumps([str(devices[0].device_kind) if devices else None, len(devices)]))
+except Exception as exc:
+    print(json.dumps([None, type(exc).__name__]))
+"""
+
+
 def jax_tpu_kind() -> tuple[str | None, str]:
-    """(device_kind of the first TPU or None, note), importing jax only if installed."""
-    device, note = jax_tpu_device()
-    return (None if device is None else str(device.device_kind)), note
+    """(device_kind of the first TPU or None, note). jax is asked in a child process:
+    starting libtpu in this one leaves its threads and signal handlers behind (Ctrl-C then
+    no longer interrupts, and a later fork warns), even on a machine without a TPU."""
+    if importlib.util.find_spec("jax") is None:
+        return None, "jax not installed"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", _KIND_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        kind, info = json.loads(run.stdout.strip().splitlines()[-1])
+    except Exception as exc:
+        return None, f"jax could not be asked for TPUs: {type(exc).__name__}"
+    if kind is None:
+        why = "jax sees no TPU" if info == 0 else f"jax.devices('tpu') failed: {info}"
+        return None, why
+    return str(kind), f"jax sees {info} TPU device(s)"
 
 
 def toolchain() -> dict[str, str]:
