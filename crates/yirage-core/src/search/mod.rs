@@ -32,11 +32,12 @@ pub mod expr;
 pub mod kernel;
 pub mod lift;
 pub mod shard;
+pub mod shrink;
 mod split;
 
 use crate::cost::{total_cost, DeviceSpec};
 use crate::error::{CoreError, Result};
-use crate::fingerprint::{with_threads, TrialCheck};
+use crate::fingerprint::with_threads;
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::plan::{graph_profiles, lower, lower_candidate, KernelPlan};
@@ -197,6 +198,9 @@ pub struct SearchConfig {
     pub max_concretisations: usize,
     /// Fingerprint tests at most (the verification stops after this many).
     pub max_verify: usize,
+    /// Fingerprint every candidate at the target's full size (default: at a reduced row
+    /// count where the candidate's tiling allows, see [`shrink`]).
+    pub verify_full_size: bool,
     pub egraph_node_limit: usize,
     /// `attention`, `mlp` or `lora`: narrows the space (see [`SearchConfig::apply_preset`]).
     pub preset: Option<String>,
@@ -221,6 +225,7 @@ impl Default for SearchConfig {
             max_accums: 4,
             max_concretisations: 20_000,
             max_verify: 48,
+            verify_full_size: false,
             egraph_node_limit: 20_000,
             preset: None,
         }
@@ -1039,7 +1044,7 @@ fn verify_space(
     let reals = space.reals;
     let mut verified: Vec<Candidate> = vec![];
     let mut seen = std::collections::HashSet::new();
-    let mut target_fp: Option<TrialCheck> = None;
+    let mut target_fp: Option<shrink::Verifier> = None;
     let mut verdicts: std::collections::HashMap<String, bool> = Default::default();
     let width = verify_width(target);
     let mut verify_stop = Stop::None;
@@ -1141,7 +1146,12 @@ fn verify_space(
         }
         let check = match &target_fp {
             Some(c) => c,
-            None => target_fp.insert(TrialCheck::new(target, cfg.trials, cfg.seed)?),
+            None => target_fp.insert(shrink::Verifier::new(
+                target,
+                cfg.trials,
+                cfg.seed,
+                !cfg.verify_full_size,
+            )?),
         };
         tests += 1;
         p.fingerprint_tests.fetch_add(1, Ordering::Relaxed);
