@@ -20,9 +20,15 @@ How a generated kernel maps onto a CPU:
 * inner loops are contiguous and carry ``#pragma omp simd``; matmul runs in i-k-j order
   with a row accumulator, and a matmul whose only consumer is an ``iter`` accumulator is
   fused into it (it adds straight into the accumulator);
-* tile loads convert the buffer dtype to float (float16 via ``_Float16`` where the compiler
-  has it, else a bit-exact software conversion; bfloat16 via ``uint16 << 16``), stores
-  convert back (round to nearest even);
+* float16 and bfloat16 are storage types only: tile loads widen them to float, the
+  arithmetic is float, stores narrow back (round to nearest even; subnormals, infinities and
+  NaN exact). Contiguous rows and the chunks of elementwise library kernels convert with the
+  widest instructions the compile targets (F16C / AVX-512 ``vcvtph2ps``/``vcvtps2ph``,
+  AVX512-BF16 ``vcvtneps2bf16``, NEON ``fcvtl``/``fcvtn``; one path per ISA, chosen by the
+  preprocessor, ``yr_half_path()`` names it); element conversions elsewhere are branch-free
+  integer code the compiler vectorises on any ISA (bfloat16 widens by a shift);
+* every parallel region runs on ``yr_nt`` threads, which the runtime sets before each call
+  (:mod:`yirage_cpu._threads`: the idle cores, or the count a variable fixes);
 * ``safe_softmax`` groups keep a running row max ``m``: ``exp(x - m)`` and each listed
   accumulator is rescaled by ``exp(m_old - m_new)`` before it adds; listed outputs are
   stored shifted and ``m`` is stored at the group's ``shift_store``;
@@ -70,7 +76,7 @@ __all__ = [
 PLAN_FORMAT = FORMAT
 PLAN_VERSION = VERSION
 #: Version of the printer; part of every compile-cache key.
-CODEGEN_VERSION = "7"
+CODEGEN_VERSION = "8"
 
 #: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
 _STACK_LIMIT = 256 * 1024
@@ -82,6 +88,11 @@ _LOAD = {"float32": "{}", "float16": "yr_h2f({})", "bfloat16": "yr_bf2f({})"}
 _STORE = {"float32": "{}", "float16": "yr_f2h({})", "bfloat16": "yr_f2bf({})"}
 _BLOCK_VARS = ("bx", "by", "bz")
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: 16-bit rows at least this long are converted by the row functions of the prelude (the
+#: ISA's conversion instructions); shorter ones element by element.
+_HALF_ROW_MIN = 8
+_ROW_LOAD = {"float16": "yr_h2f_row", "bfloat16": "yr_bf2f_row"}
+_ROW_STORE = {"float16": "yr_f2h_row", "bfloat16": "yr_f2bf_row"}
 #: Software prefetch of loop-phase input tiles (off: measured slower than the hardware
 #: prefetcher on x86, kept for targets without one), and how many bytes ahead it reaches.
 PREFETCH = False
@@ -416,6 +427,13 @@ class _KernelPrinter:
         src = _Tile(f"B{bid}", tile, bstrides, False)
         base = f"yr_off{oid}"
         w(f"const int64_t {base} = {off};")
+        if buf.dtype in _ROW_LOAD and tile[-1] >= _HALF_ROW_MIN:
+            with self._nest(w, tile[:-1], simd=False) as ridx:
+                idx = [*ridx, "0"]
+                row = f"B{bid} + {base} + {src.off(idx)}"
+                conv = _ROW_LOAD[buf.dtype]
+                w(f"{conv}({row}, {priv.ptr} + {self._lin(idx, tile)}, {tile[-1]});")
+            return
         with self._nest(w, tile) as idx:
             el = f"B{bid}[{base} + {src.off(idx)}]"
             w(f"{priv.ptr}[{self._lin(idx, tile)}] = {_LOAD[buf.dtype].format(el)};")
@@ -881,6 +899,14 @@ class _KernelPrinter:
         srct = _Tile(src.ptr, tile, _row_major(tile), True) if src.dims != tile else src
         base = f"yr_o{index}"
         w(f"const int64_t {base} = {off};")
+        dst_tile = _Tile(f"B{bid}", tile, bstrides, False)
+        if buf.dtype in _ROW_STORE and tile[-1] >= _HALF_ROW_MIN and srct.strides[-1] == 1:
+            with self._nest(w, tile[:-1], simd=False) as ridx:
+                idx = [*ridx, "0"]
+                dst = self._at_raw(dst_tile, idx).replace(f"B{bid}[", f"&B{bid}[{base} + ", 1)
+                conv = _ROW_STORE[buf.dtype]
+                w(f"{conv}({srct.ptr} + {srct.off(idx)}, {dst}, {tile[-1]});")
+            return
         with self._nest(w, tile) as idx:  # scale_outputs too: they are stored shifted
             dst = self._at_raw(_Tile(f"B{bid}", tile, bstrides, False), idx)
             dst = dst.replace(f"B{bid}[", f"B{bid}[{base} + ", 1)
@@ -990,7 +1016,7 @@ class _KernelPrinter:
                 w(f"{const}{ctype} *restrict B{bid} = ({const}{ctype} *)buffers[{bid}];")
             w("int yr_status = 0;")
             if nblocks > 1:
-                w("#pragma omp parallel")
+                w("#pragma omp parallel num_threads(yr_threads())")
             with w.block(""):
                 if heap:
                     total = sum(-(-n // 16) * 16 for _, n in self.private_decls)
@@ -1051,6 +1077,9 @@ _LIB_MM_B_TILE = 32 * 1024
 #: A printed library kernel runs on one thread below this many elements (an OpenMP
 #: parallel region costs about a microsecond).
 _PAR_MIN_ELEMS = 32768
+#: Elements per chunk of an elementwise library kernel on float16 (two float temporaries of
+#: 4 KiB each stay in L1).
+_HALF_CHUNK = 1024
 #: Inner-dim chunk of reductions/softmax over a non-last dim (partial sums kept in a local
 #: array while the reduced dim is walked).
 _LIB_CHUNK = 256
@@ -1176,7 +1205,7 @@ class _LibraryPrinter:
 
     def _par(self, elems: int, extra: str = "") -> str:
         clause = f" if({elems} >= {_PAR_MIN_ELEMS})" if elems < 1 << 62 else ""
-        return f"#pragma omp parallel for{extra} schedule(static){clause}"
+        return f"#pragma omp parallel for{extra} schedule(static) num_threads(yr_threads()){clause}"
 
     def print(self) -> str:
         w = _Writer()
@@ -1203,10 +1232,44 @@ class _LibraryPrinter:
         if "shift_dims" in self.params:
             self._shifted_exp(w, x)
             return
+        if self._halves([x]):
+            self._half_chunks(w, n, [x], expr.replace("yr_v", "yr_x0[j]"))
+            return
         w(self._par(n, " simd"))
         with w.block(f"for (int64_t i = 0; i < {n}; ++i)"):
             w(f"const float yr_v = {self._load(x, 'i')};")
             w(self._store("i", expr))
+
+    def _halves(self, ins: Sequence[int]) -> bool:
+        """Whether an elementwise kernel reads or writes a 16-bit type (it runs in chunks)."""
+        return any(self.buffers[b].dtype in _ROW_LOAD for b in (*ins, self.outs[0]))
+
+    def _half_chunks(self, w: _Writer, n: int, ins: Sequence[int], expr: str) -> None:
+        """An elementwise kernel over ``n`` elements in chunks of :data:`_HALF_CHUNK`: 16-bit
+        operands widen a chunk at a time with the ISA's conversion instructions (the row
+        functions) into ``yr_x<k>``, ``expr`` (of ``yr_x<k>[j]``) runs in float into
+        ``yr_y``, and a 16-bit result narrows the chunk back."""
+        c = _HALF_CHUNK
+        w(self._par(n))
+        with w.block(f"for (int64_t yr_c = 0; yr_c < {-(-n // c)}; ++yr_c)"):
+            w(f"const int64_t i0 = yr_c * {c};")
+            w(f"const int64_t yr_n = {n} - i0 < {c} ? {n} - i0 : {c};")
+            for k, b in enumerate(ins):
+                dtype = self.buffers[b].dtype
+                if dtype == "float32":
+                    w(f"const float *restrict yr_x{k} = B{b} + i0;")
+                    continue
+                w(f"float yr_x{k}[{c}] __attribute__((aligned(64)));")
+                w(f"{_ROW_LOAD[dtype]}(B{b} + i0, yr_x{k}, yr_n);")
+            o = self.outs[0]
+            if self.buffers[o].dtype in _ROW_STORE:
+                w(f"float yr_y[{c}] __attribute__((aligned(64)));")
+                w("#pragma omp simd")
+                w(f"for (int64_t j = 0; j < yr_n; ++j) yr_y[j] = {expr};")
+                w(f"{_ROW_STORE[self.buffers[o].dtype]}(yr_y, B{o} + i0, yr_n);")
+            else:
+                w("#pragma omp simd")
+                w(f"for (int64_t j = 0; j < yr_n; ++j) {self._store('i0 + j', expr)}")
 
     def _shifted_exp(self, w: _Writer, x: int) -> None:
         """``exp(x - m)``, m the max over ``shift_dims`` (0 where that max is not finite, so
@@ -1247,6 +1310,9 @@ class _LibraryPrinter:
         if template is None:
             raise CodegenError(f"unknown binary op {name!r} in a library kernel")
         n = _prod(out)
+        if self._dims(a) == out and self._dims(b) == out and self._halves([a, b]):
+            self._half_chunks(w, n, [a, b], template.format(a="yr_x0[j]", b="yr_x1[j]"))
+            return
         if self._dims(a) == out and self._dims(b) == out:
             w(self._par(n, " simd"))
             with w.block(f"for (int64_t i = 0; i < {n}; ++i)"):
@@ -1423,65 +1489,154 @@ _PRELUDE = r"""/* Generated by yirage-cpu (printer version %(codegen)s) from a y
 #include <string.h>
 #include <omp.h>
 
-#if defined(__FLT16_MAX__) && !defined(YR_SOFT_HALF)
-typedef _Float16 yr_half;
-static inline float yr_h2f(yr_half h) { return (float)h; }
-static inline yr_half yr_f2h(float f) { return (yr_half)f; }
+/* float16 and bfloat16 are storage types only: loads widen to float, the arithmetic is
+ * float, stores round back to nearest even. The element conversions below are branch-free
+ * integer/float code that GCC and Clang vectorise inside the `omp simd` loops on any ISA
+ * (subnormals, infinities and NaN exact). Whole contiguous rows of float16 go through
+ * yr_h2f_row/yr_f2h_row, which use the widest conversion instruction the compile targets:
+ * one path per ISA, chosen at compile time (YR_HALF_PATH, reported by yr_half_path()). */
+#if defined(YR_SOFT_HALF)
+#define YR_HALF_PATH "portable"
+#elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
+#define YR_HALF_PATH "avx512f"
+#define YR_HALF_AVX512 1
+#elif (defined(__x86_64__) || defined(__i386__)) && defined(__F16C__) && defined(__AVX__)
+#define YR_HALF_PATH "f16c"
+#define YR_HALF_F16C 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define YR_HALF_PATH "neon"
+#define YR_HALF_NEON 1
 #else
-/* Software IEEE binary16 conversions (round to nearest even), for compilers without
- * _Float16. */
-typedef uint16_t yr_half;
-static inline float yr_h2f(yr_half h) {
-    const uint32_t s = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t e = (h >> 10) & 0x1fu;
-    const uint32_t m = h & 0x3ffu;
-    uint32_t u;
-    float f;
-    if (e == 0) {
-        f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24 */
-        return s ? -f : f;
-    } else if (e == 31) {
-        u = s | 0x7f800000u | (m << 13);
-    } else {
-        u = s | ((e + 112u) << 23) | (m << 13);
-    }
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline yr_half yr_f2h(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint16_t s = (uint16_t)((u >> 16) & 0x8000u);
-    const uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) return (yr_half)(s | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    if (a >= 0x477ff000u) return (yr_half)(s | 0x7c00u);
-    if (a < 0x38800000u) {
-        float v;
-        memcpy(&v, &a, 4);
-        return (yr_half)(s | (uint16_t)lrintf(v * 16777216.0f));
-    }
-    uint32_t h = ((((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13));
-    const uint32_t rem = a & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1u;
-    return (yr_half)(s | h);
-}
+#define YR_HALF_PATH "portable"
 #endif
+#if defined(YR_HALF_AVX512) || defined(YR_HALF_F16C)
+#include <immintrin.h>
+#elif defined(YR_HALF_NEON)
+#include <arm_neon.h>
+#endif
+
+typedef uint16_t yr_half;
+static inline float yr_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t yr_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* binary16 -> float, exact: the bits moved into float position and scaled by 2^112 (this
+ * also scales subnormals right); exponent 31 becomes infinity / NaN with its payload. */
+static inline float yr_h2f(yr_half h) {
+    const int32_t em = (int32_t)(h & 0x7fffu);
+    const int32_t fin = (int32_t)yr_f2u(yr_u2f((uint32_t)em << 13) * 0x1p112f);
+    const int32_t inf = (int32_t)(0x7f800000u | ((uint32_t)em << 13));
+    const int32_t bits = em >= 0x7c00 ? inf : fin;
+    return yr_u2f((uint32_t)bits | ((uint32_t)(h & 0x8000u) << 16));
+}
+
+/* float -> binary16, round to nearest even: above the largest half, infinity (or a quiet
+ * NaN); below the smallest normal half, the float adder rounds |f| + 0.5 at the subnormal
+ * step; otherwise the exponent is rebiased and the mantissa rounded in integer arithmetic.
+ * Signed compares: SSE2 has no unsigned ones. */
+static inline yr_half yr_f2h(float f) {
+    const uint32_t u = yr_f2u(f);
+    const int32_t a = (int32_t)(u & 0x7fffffffu);
+    const int32_t big = a > 0x7f800000 ? 0x7e00 : 0x7c00;
+    const int32_t sub = (int32_t)yr_f2u(yr_u2f((uint32_t)a) + 0.5f) - 0x3f000000;
+    const int32_t nrm = (int32_t)(((uint32_t)a + 0xc8000fffu + (((uint32_t)a >> 13) & 1u)) >> 13);
+    const int32_t h = a >= 0x47800000 ? big : (a < 0x38800000 ? sub : nrm);
+    return (yr_half)((uint32_t)h | ((u >> 16) & 0x8000u));
+}
+
+/* The elements the conversion instructions leave over (all of them on the portable path). */
+static inline void yr_h2f_tail(const yr_half *restrict src, float *restrict dst, int64_t n) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dst[j] = yr_h2f(src[j]);
+}
+static inline void yr_f2h_tail(const float *restrict src, yr_half *restrict dst, int64_t n) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dst[j] = yr_f2h(src[j]);
+}
+
+/* n contiguous float16 -> float (dst[i] = yr_h2f(src[i])). */
+static inline void yr_h2f_row(const yr_half *restrict src, float *restrict dst, int64_t n) {
+    int64_t i = 0;
+#if defined(YR_HALF_AVX512)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+#elif defined(YR_HALF_F16C)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#elif defined(YR_HALF_NEON)
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + i))));
+#endif
+    yr_h2f_tail(src + i, dst + i, n - i);
+}
+
+/* n contiguous float -> float16, round to nearest even (dst[i] = yr_f2h(src[i])). */
+static inline void yr_f2h_row(const float *restrict src, yr_half *restrict dst, int64_t n) {
+    int64_t i = 0;
+#if defined(YR_HALF_AVX512)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(YR_HALF_F16C)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(YR_HALF_NEON)
+    for (; i + 4 <= n; i += 4)
+        vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+#endif
+    yr_f2h_tail(src + i, dst + i, n - i);
+}
+
+/* The float16 conversion path this compile took. */
+const char *yr_half_path(void) { return YR_HALF_PATH; }
 
 /* One SIMD register of floats (GCC/Clang vector extension). */
 typedef float yr_vf __attribute__((vector_size(%(vlb)d)));
 
-static inline float yr_bf2f(uint16_t v) {
-    const uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+/* bfloat16 is the top half of a float: widening is a shift (vpslld), narrowing rounds to
+ * nearest even in integer arithmetic (keeps subnormals, which vcvtneps2bf16 flushes) and
+ * quiets NaN. Both vectorise in plain C. */
+static inline float yr_bf2f(uint16_t v) { return yr_u2f((uint32_t)v << 16); }
 static inline uint16_t yr_f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    const uint32_t u = yr_f2u(f);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : r);
+}
+
+static inline void yr_f2bf_tail(const float *restrict src, uint16_t *restrict dst, int64_t n) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dst[j] = yr_f2bf(src[j]);
+}
+
+/* n contiguous bfloat16 -> float (a shift each: vectorised as it is). */
+static inline void yr_bf2f_row(const uint16_t *restrict src, float *restrict dst, int64_t n) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dst[j] = yr_bf2f(src[j]);
+}
+
+/* n contiguous float -> bfloat16. With AVX512-BF16, vcvtneps2bf16 narrows 16 floats at once
+ * (nearest even, NaN quieted); it flushes subnormals to zero, so a vector holding one goes
+ * through yr_f2bf instead (then the result is the same bit for bit). */
+static inline void yr_f2bf_row(const float *restrict src, uint16_t *restrict dst, int64_t n) {
+    int64_t i = 0;
+#if !defined(YR_SOFT_HALF) && defined(__AVX512BF16__) && defined(__AVX512F__)
+    const __m512i yr_abs = _mm512_set1_epi32(0x7fffffff), yr_exp = _mm512_set1_epi32(0x7f800000);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(src + i);
+        const __m512i u = _mm512_castps_si512(v);
+        const __mmask16 tiny = _mm512_mask_testn_epi32_mask(
+            _mm512_test_epi32_mask(u, yr_abs), u, yr_exp);
+        if (tiny) {
+            for (int k = 0; k < 16; ++k) dst[i + k] = yr_f2bf(src[i + k]);
+        } else {
+            const __m256bh r = _mm512_cvtneps_pbh(v);
+            memcpy(dst + i, &r, 32);
+        }
+    }
+#endif
+    yr_f2bf_tail(src + i, dst + i, n - i);
 }
 
 /* exp for float that vectorises (no libm call, no branches: GCC if-converts the selects):
@@ -1516,6 +1671,11 @@ static inline float yr_exp(float x) {
 
 /* Threads OpenMP will use (reported by the runtime). */
 int yr_omp_max_threads(void) { return omp_get_max_threads(); }
+
+/* Threads of the next parallel region, written by the runtime before each call (it follows
+ * the idle cores: yirage_cpu._threads); 0 or less: OpenMP's default. */
+int yr_nt = 0;
+static inline int yr_threads(void) { return yr_nt > 0 ? yr_nt : omp_get_max_threads(); }
 """
 
 

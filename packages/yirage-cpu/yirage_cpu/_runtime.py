@@ -24,6 +24,7 @@ import numpy as np
 
 from yirage import plugin
 from yirage.plugin import BackendError, DTypeError, ShapeError
+from yirage_cpu import _threads
 from yirage_cpu._codegen import CpuSource
 from yirage_cpu._toolchain import CompiledLibrary
 
@@ -359,6 +360,10 @@ class CpuLauncher:
     def __init__(self, program: CpuSource, library: CompiledLibrary) -> None:
         self.program = program
         self.library = library
+        #: How idle OpenMP threads wait (chosen before the first library is loaded).
+        self.wait_policy = _threads.configure_openmp()
+        #: How many threads each call runs on (:mod:`yirage_cpu._threads`).
+        self.thread_policy = _threads.policy()
         self._dll = _load_library(library.path)
         self._fns: dict[str, Any] = {}
         for sym in program.symbols:
@@ -366,9 +371,16 @@ class CpuLauncher:
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = ctypes.c_int
             self._fns[sym] = fn
-        threads = self._dll.yr_omp_max_threads
-        threads.restype = ctypes.c_int
-        self.num_threads = int(threads())
+        half_path = self._dll.yr_half_path
+        half_path.restype = ctypes.c_char_p
+        #: The float16 conversion path the compile took (avx512f, f16c, neon, portable).
+        self.float16_path = (half_path() or b"").decode("ascii")
+        self._nt = ctypes.c_int.in_dll(self._dll, "yr_nt")
+        self._nt.value = self.thread_policy.current()
+        #: The most threads a call uses.
+        self.num_threads = (
+            self.thread_policy.cores if self.thread_policy.adaptive else self._nt.value
+        )
         self._specs = _specs(program.plan)
         self._inputs = sorted((s for s in self._specs if s.role == "input"), key=lambda s: s.index)
         self._outputs = sorted(
@@ -478,6 +490,9 @@ class CpuLauncher:
                 ptrs[s.id] = _np_ptr(arr)
                 if need_views:
                     bufs[s.id] = arr
+        nt = self.thread_policy.current()
+        if nt != self._nt.value:
+            self._nt.value = nt
         for kind, payload in self._steps:
             if kind == "generated":
                 fn, name = payload

@@ -2,8 +2,10 @@
 
 Compiler choice: ``CC`` (may carry a launcher and arguments, e.g. ``"ccache gcc"``), else the
 first of ``cc``, ``gcc``, ``clang`` on ``PATH``. Flags: ``-O3 -march=native -fopenmp -fPIC
--shared -Wall -Wextra -Werror`` plus ``-std=gnu11 -fno-math-errno`` (the generated code never
-reads ``errno``; the flag lets ``sqrtf`` vectorise). A compiler that rejects
+-shared -Wall -Wextra -Werror`` plus ``-std=gnu11 -fno-math-errno -fno-trapping-math`` (the
+generated code never reads ``errno`` or the floating-point exception flags: the first lets
+``sqrtf`` vectorise, the second lets the compiler if-convert the selects of the float16
+conversions, which it otherwise vectorises only with AVX-512 masks). A compiler that rejects
 ``-march=native`` gets the portable flags; one without OpenMP is an error naming the package
 to install. Apple clang has no ``-fopenmp`` of its own: it gets ``-Xpreprocessor -fopenmp
 -lomp`` with Homebrew's libomp (``brew --prefix libomp``) or whatever ``CPATH`` and
@@ -50,8 +52,11 @@ __all__ = [
     "OpenMPUnavailableError",
     "compile_shared",
     "find_compiler",
+    "float16_path",
     "host_cpu_id",
     "host_simd_width_bits",
+    "isa_features",
+    "isa_report",
     "libomp_dirs",
     "openmp_flags",
     "simd_width_bits_for",
@@ -67,6 +72,7 @@ _BASE_FLAGS = (
     "-Werror",
     "-std=gnu11",
     "-fno-math-errno",
+    "-fno-trapping-math",
 )
 _NATIVE = ("-march=native",)
 _OPENMP = ("-fopenmp",)
@@ -383,7 +389,7 @@ def select_flags(
         "cpu": host_cpu_id(),
         "extra": " ".join(extra),
         "openmp": " ".join(omp),
-        "probe": "1",
+        "probe": "2",
     }
     path = plugin.entry_path("cpu-toolchain", parts, ".json")
     cached = plugin.read_json(path)
@@ -426,6 +432,71 @@ def select_flags(
     with plugin.locked(path):
         plugin.write_json(path, {"flags": list(flags), "notes": notes})
     return flags, tuple(notes)
+
+
+#: Predefined macros of the vector ISA features the float16/bfloat16 and dot-product code
+#: cares about, and the names reports give them (/proc/cpuinfo's spelling on x86).
+ISA_MACROS = (
+    ("__F16C__", "f16c"),
+    ("__FMA__", "fma"),
+    ("__AVX2__", "avx2"),
+    ("__AVX512F__", "avx512f"),
+    ("__AVX512BF16__", "avx512_bf16"),
+    ("__AVX512FP16__", "avx512_fp16"),
+    ("__AVX512VNNI__", "avx512_vnni"),
+    ("__AMX_TILE__", "amx_tile"),
+    ("__AMX_BF16__", "amx_bf16"),
+    ("__ARM_NEON", "neon"),
+    ("__ARM_FEATURE_FP16_VECTOR_ARITHMETIC", "fp16"),
+    ("__ARM_FEATURE_BF16", "bf16"),
+    ("__ARM_FEATURE_SVE", "sve"),
+)
+
+
+def isa_features(macros: set[str]) -> tuple[str, ...]:
+    """The features of :data:`ISA_MACROS` among the predefined ``macros``."""
+    return tuple(name for macro, name in ISA_MACROS if macro in macros)
+
+
+def float16_path(features: tuple[str, ...]) -> str:
+    """The float16 conversion path the printed code takes with ``features`` (the printer's
+    ``YR_HALF_PATH``): ``avx512f``, ``f16c`` (with AVX), ``neon`` or ``portable``."""
+    if "avx512f" in features:
+        return "avx512f"
+    if "f16c" in features:
+        return "f16c"
+    if "neon" in features and platform.machine().lower() in ("arm64", "aarch64"):
+        return "neon"
+    return "portable"
+
+
+@functools.lru_cache(maxsize=8)
+def predefined_macros(compiler: Compiler, flags: tuple[str, ...]) -> frozenset[str]:
+    """The macros ``compiler`` predefines with ``flags`` (``-dM -E`` on an empty C file);
+    empty when it cannot say."""
+    with tempfile.TemporaryDirectory(prefix="yirage-cc-") as tmp:
+        src = Path(tmp) / "empty.c"
+        src.write_text("\n", encoding="utf-8")
+        keep = [f for f in flags if f.startswith(("-m", "-f", "-std", "-D", "-O"))]
+        try:
+            proc = subprocess.run(
+                [*compiler.command, *keep, "-dM", "-E", str(src)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return frozenset()
+    words = (line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define "))
+    return frozenset(words)
+
+
+def isa_report(compiler: Compiler, flags: tuple[str, ...]) -> dict[str, str]:
+    """What reports record about the vector ISA generated code is compiled for: the
+    features the flags enable and the float16 conversion path."""
+    feats = isa_features(set(predefined_macros(compiler, flags)))
+    return {"isa": " ".join(feats) or "(baseline)", "float16_path": float16_path(feats)}
 
 
 def compile_shared(

@@ -1,0 +1,186 @@
+"""How many threads a CPU kernel runs on, and how OpenMP's idle threads wait.
+
+On a busy machine an OpenMP team degrades badly: a thread that spins at a barrier burns the
+time slice the thread it waits for needs, and a team wider than the idle cores waits, at
+every barrier, for a thread the scheduler has parked behind other processes (measured: a
+fused RMSNorm + Linear kernel of 80 µs took 24 ms per call at load 15 on 2 cores). So:
+
+* **wait policy**: before the OpenMP runtime starts (the first kernel library is loaded),
+  ``OMP_WAIT_POLICY=passive`` is set unless the environment already chose one
+  (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``KMP_BLOCKTIME``): idle threads sleep at
+  once instead of spinning, and a thread woken from sleep gets a core quickly;
+* **thread count**: ``YIRAGE_CPU_THREADS`` when set, else ``OMP_NUM_THREADS`` when set, else
+  the idle cores among those the process may use (its CPU affinity and cgroup CPU quota),
+  from the runnable-task count of ``/proc/loadavg`` sampled at most every
+  :data:`SAMPLE_SECONDS`, at least 1. The count goes to the kernel library's ``yr_nt``,
+  which every parallel region of the printed code reads (``num_threads(yr_threads())``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from yirage_cpu._env import cpu_threads
+
+__all__ = [
+    "SAMPLE_SECONDS",
+    "ThreadPolicy",
+    "configure_openmp",
+    "idle_cores",
+    "policy",
+    "quota_cores",
+    "runnable_tasks",
+    "usable_cores",
+]
+
+#: How long a sampled idle-core count is reused (a sample reads /proc/loadavg: ~10 µs).
+SAMPLE_SECONDS = 0.005
+#: Variables that choose how idle OpenMP threads wait (the standard one, GNU's, LLVM's).
+WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+_LOADAVG = Path("/proc/loadavg")
+_MAPS = Path("/proc/self/maps")
+#: Shared objects of the OpenMP runtimes the printed code links (GNU, LLVM, Intel).
+_OPENMP_LIBS = ("/libgomp.so", "/libomp.so", "/libiomp5.so", "/libomp.dylib")
+
+
+def quota_cores(cpu_max: Path = _CPU_MAX) -> int | None:
+    """Cores a cgroup v2 CPU quota allows (``cpu.max`` "quota period", rounded up), or None
+    when there is no quota (``max``) or no such file."""
+    try:
+        quota, _, period = cpu_max.read_text(encoding="ascii").strip().partition(" ")
+        if quota == "max":
+            return None
+        return max(1, math.ceil(int(quota) / int(period or "100000")))
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def usable_cores() -> int:
+    """Cores this process may use: its CPU affinity, bounded by a cgroup CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = quota_cores()
+    return max(1, min(cores, quota) if quota is not None else cores)
+
+
+def runnable_tasks(loadavg: Path = _LOADAVG) -> int | None:
+    """Tasks running or ready to run on the whole machine right now (the fourth field of
+    ``/proc/loadavg``, "running/total"), or None where there is no such file."""
+    try:
+        field = loadavg.read_text(encoding="ascii").split()[3]
+        return int(field.partition("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def idle_cores(cores: int, runnable: int, own: int = 1) -> int:
+    """Cores of ``cores`` left to a kernel when ``runnable`` tasks want a core, ``own`` of
+    them this process's (the calling thread); at least 1."""
+    return max(1, min(cores, cores - (runnable - own)))
+
+
+@dataclass
+class ThreadPolicy:
+    """The thread count of the next kernel call: ``fixed`` when a variable sets it, else
+    the idle cores of ``cores`` (sampled at most every :data:`SAMPLE_SECONDS`)."""
+
+    cores: int
+    fixed: int | None
+    source: str
+    _sampled_at: float = -1.0
+    _last: int = 0
+
+    @property
+    def adaptive(self) -> bool:
+        return self.fixed is None
+
+    def current(self) -> int:
+        """Threads for a kernel starting now."""
+        if self.fixed is not None:
+            return self.fixed
+        now = time.monotonic()
+        if now - self._sampled_at >= SAMPLE_SECONDS:
+            runnable = runnable_tasks()
+            self._last = self.cores if runnable is None else idle_cores(self.cores, runnable)
+            self._sampled_at = now
+        return self._last
+
+    def describe(self) -> str:
+        if self.fixed is not None:
+            return f"{self.fixed} (from {self.source})"
+        return f"the idle cores of {self.cores} (sampled every {SAMPLE_SECONDS * 1000:g} ms)"
+
+
+def _omp_num_threads() -> int | None:
+    """The first count of ``OMP_NUM_THREADS`` (it may list one per nesting level), or None."""
+    raw = os.environ.get("OMP_NUM_THREADS", "").strip()
+    try:
+        value = int(raw.split(",")[0]) if raw else 0
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+def _machine_wide(cores: int) -> bool:
+    """Whether the process may use every online CPU: only then does the machine's runnable
+    count say how many of *its* cores are idle."""
+    return cores >= (os.cpu_count() or cores)
+
+
+def policy() -> ThreadPolicy:
+    """The thread policy the environment asks for (read now: tests change it)."""
+    cores = usable_cores()
+    fixed = cpu_threads()
+    if fixed is not None:
+        return ThreadPolicy(cores, fixed, "YIRAGE_CPU_THREADS")
+    omp = _omp_num_threads()
+    if omp is not None:
+        return ThreadPolicy(cores, omp, "OMP_NUM_THREADS")
+    if not _machine_wide(cores) or runnable_tasks() is None:
+        return ThreadPolicy(cores, cores, "the cores this process may use")
+    return ThreadPolicy(cores, None, "idle cores")
+
+
+_lock = threading.Lock()
+_wait_note: str | None = None
+
+
+def openmp_started(maps: Path | None = None) -> bool:
+    """Whether an OpenMP runtime the printed code links is already loaded in this process
+    (it read its wait policy when it started); ``maps`` defaults to ``/proc/self/maps``."""
+    try:
+        text = (maps or _MAPS).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(lib in text for lib in _OPENMP_LIBS)
+
+
+def configure_openmp() -> str:
+    """Choose the passive wait policy before the OpenMP runtime starts (once per process);
+    returns how idle threads wait, for reports."""
+    global _wait_note
+    with _lock:
+        if _wait_note is None:
+            _wait_note = _choose_wait_policy()
+        return _wait_note
+
+
+def _choose_wait_policy() -> str:
+    chosen = [f"{v}={os.environ[v]}" for v in WAIT_VARS if os.environ.get(v, "").strip()]
+    if chosen:
+        return f"{', '.join(chosen)} (from the environment)"
+    if openmp_started():
+        return (
+            "the OpenMP runtime's default (it was started before yirage-cpu could set "
+            "OMP_WAIT_POLICY=passive: set it in the environment)"
+        )
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    return "OMP_WAIT_POLICY=passive (set by yirage-cpu)"
