@@ -71,6 +71,12 @@ def test_policy_follows_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     p = _threads.policy()
     assert 1 <= p.current() <= _threads.usable_cores()
     assert p.cores == _threads.usable_cores()
+    monkeypatch.setattr(_threads, "_machine_wide", lambda cores: True)
+    monkeypatch.setattr(_threads, "runnable_tasks", lambda: 1)
+    assert _threads.policy().adaptive
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # own spinning threads would look busy
+    p = _threads.policy()
+    assert p.fixed == p.cores and "spin" in p.source
 
 
 def test_adaptive_policy_samples_the_idle_cores(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,7 +150,7 @@ def test_a_busy_machine_does_not_collapse_a_kernel(build: Any) -> None:
             assert child.stdout is not None and child.stdin is not None
             single = json.loads(child.stdout.readline())["single_us"]
             busy = [
-                subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                subprocess.Popen([sys.executable, "-S", "-c", "while True: pass"])
                 for _ in range(busy_count)
             ]
             time.sleep(1.0)  # every busy process is spinning

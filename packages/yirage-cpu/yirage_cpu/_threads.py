@@ -12,8 +12,10 @@ fused RMSNorm + Linear kernel of 80 µs took 24 ms per call at load 15 on 2 core
 * **thread count**: ``YIRAGE_CPU_THREADS`` when set, else ``OMP_NUM_THREADS`` when set, else
   the idle cores among those the process may use (its CPU affinity and cgroup CPU quota),
   from the runnable-task count of ``/proc/loadavg`` sampled at most every
-  :data:`SAMPLE_SECONDS`, at least 1. The count goes to the kernel library's ``yr_nt``,
-  which every parallel region of the printed code reads (``num_threads(yr_threads())``).
+  :data:`SAMPLE_SECONDS`, at least 1 (all of those cores where that count cannot tell: a
+  restricted affinity or quota, or an environment that makes idle threads spin). The count
+  goes to the kernel library's ``yr_nt``, which every parallel region of the printed code
+  reads (``num_threads(yr_threads())``).
 """
 
 from __future__ import annotations
@@ -146,7 +148,18 @@ def policy() -> ThreadPolicy:
         return ThreadPolicy(cores, omp, "OMP_NUM_THREADS")
     if not _machine_wide(cores) or runnable_tasks() is None:
         return ThreadPolicy(cores, cores, "the cores this process may use")
+    if _spinning():
+        return ThreadPolicy(cores, cores, "the cores this process may use (threads spin)")
     return ThreadPolicy(cores, None, "idle cores")
+
+
+def _spinning() -> bool:
+    """Whether the environment asks idle OpenMP threads to spin: the runnable count would
+    then include this process's own idle threads, so it cannot tell the idle cores."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    block = os.environ.get("KMP_BLOCKTIME", "").strip()
+    return policy == "active" or spin not in ("", "0") or block not in ("", "0")
 
 
 _lock = threading.Lock()
