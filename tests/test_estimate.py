@@ -7,6 +7,7 @@ formula recomputed here in float64 from the pinned spec's figures."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 import yirage as yr
 from yirage import _core, devices
 from yirage._estimate import TERMS
+from yirage._search import device_spec_json
 
 #: A SIMT device with pinned figures (no tiling rule, explicit launch gap).
 PINNED = yr.DeviceSpec(
@@ -157,5 +159,148 @@ def test_estimate_refuses_what_it_cannot_estimate() -> None:
 
 def test_no_energy_figure_is_invented() -> None:
     est = yr.estimate(_silu_matmul(8, 256, 256), PINNED, best=False)
-    assert not any("energy" in key or "joule" in key for key in est.to_dict())
+    assert est.energy_uj is None and est.to_dict()["energy_uj"] is None
+    assert est.to_dict()["energy_model"] is None and "energy" not in str(est)
     assert set(est.to_dict()["terms"]) == set(TERMS)
+
+
+# -- collectives, energy, compare_variants ---------------------------------------------------------
+
+#: PINNED with an interconnect (GB/s per direction, µs per ring step) and a board power.
+LINKED = dataclasses.replace(
+    PINNED,
+    name="pinned linked GPU",
+    link_bandwidth_gbps=200.0,
+    link_latency_us=1.5,
+    power_watts=400.0,
+)
+
+
+def _ring_all_reduce_us(nbytes: float, p: int, gbps: float, step_us: float) -> float:
+    """Ring all-reduce: 2(p-1) steps of nbytes/p each (reduce-scatter, then all-gather)."""
+    return 2.0 * (p - 1) / p * nbytes / (gbps * 1e3) + 2.0 * (p - 1) * step_us
+
+
+def _tp_mlp(p: int, b: int = 8, h: int = 1024) -> yr.KernelGraph:
+    """One rank of a tensor-parallel MLP over p ranks: X @ W1[:, shard] -> silu -> @ W2[shard]
+    and an all_reduce of the fp16 [b, h] partial sums."""
+    g = yr.KernelGraph(world_size=p)
+    x = g.new_input((b, h), yr.float16)
+    w1 = g.new_input((h, 4 * h // p), yr.float16)
+    w2 = g.new_input((4 * h // p, h), yr.float16)
+    g.mark_output(g.all_reduce(g.matmul(g.silu(g.matmul(x, w1)), w2)))
+    return g
+
+
+@pytest.mark.parametrize("p", [1, 2, 4, 8])
+def test_the_collective_term_is_the_ring_all_reduce_formula(p: int) -> None:
+    est = yr.estimate(_tp_mlp(p), LINKED, best=False)
+    want = _ring_all_reduce_us(8 * 1024 * 2, p, 200.0, 1.5)
+    assert est.world_size == p
+    assert est.collective_us == pytest.approx(want, rel=1e-12, abs=0.0)
+    assert (est.collective_us == 0.0) == (p == 1)
+    (ar,) = [k for k in est.kernels if k.op == "all_reduce"]
+    assert ar.collective_us == est.collective_us == ar.terms["collective"]
+    assert all(k.collective_us == 0.0 for k in est.kernels if k.op != "all_reduce")
+    _assert_terms_add_up(est)
+    assert not any("PCIe" in n for n in est.notes)
+
+
+def test_the_search_ranks_multi_device_candidates_with_the_collective_term() -> None:
+    g = _tp_mlp(2, h=256)
+    result = yr.search(g, device_spec=LINKED, cache=False)
+    est = yr.estimate(result)
+    want = _ring_all_reduce_us(8 * 256 * 2, 2, 200.0, 1.5)
+    assert est.collective_us == pytest.approx(want, rel=1e-12)
+    assert est.total_us == pytest.approx(result.best.predicted_us, rel=1e-12)
+    for cand in result.candidates:
+        assert yr.estimate(cand).collective_us == pytest.approx(want, rel=1e-12)
+    # the same graph on one rank: the same kernels but no link time
+    single = dataclasses.replace(LINKED, link_bandwidth_gbps=1e9, link_latency_us=0.0)
+    free = yr.estimate(g, single, best=False)
+    linked = yr.estimate(g, LINKED, best=False)
+    assert linked.total_us - free.total_us == pytest.approx(want, rel=1e-6)
+
+
+def test_a_spec_without_links_prices_collectives_as_pcie_and_says_so() -> None:
+    est = yr.estimate(_tp_mlp(4), PINNED, best=False)
+    assert est.collective_us == pytest.approx(_ring_all_reduce_us(8 * 1024 * 2, 4, 32.0, 5.0))
+    (note,) = [n for n in est.notes if "PCIe" in n]
+    assert "link_bandwidth_gbps" in note and PINNED.name in note
+    assert not any("PCIe" in n for n in yr.estimate(_tp_mlp(1), PINNED, best=False).notes)
+
+
+def test_energy_is_time_times_power_times_ranks_and_labelled_a_model() -> None:
+    for p in (1, 4):
+        est = yr.estimate(_tp_mlp(p), LINKED, best=False)
+        assert est.energy_uj == pytest.approx(est.total_us * 400.0 * p, rel=1e-12)
+        d = est.to_dict()
+        assert d["energy_uj"] == est.energy_uj and d["power_watts"] == 400.0
+        assert "model" in d["energy_model"] and "model" in str(est)
+
+
+def test_link_and_power_figures_are_checked() -> None:
+    for field, bad in (
+        ("link_bandwidth_gbps", 0.0),
+        ("link_latency_us", -1.0),
+        ("power_watts", math.inf),
+    ):
+        with pytest.raises(yr.ConfigError, match=field):
+            dataclasses.replace(PINNED, **{field: bad})
+    # the core checks the JSON it is sent, too
+    spec = json.loads(device_spec_json(LINKED)[0])
+    assert spec["link_bandwidth_gbps"] == 200.0 and "power_watts" not in spec
+    spec["link_bandwidth_gbps"] = -3
+    with pytest.raises(_core.YirageError, match="link_bandwidth_gbps"):
+        _core.device_spec_json(json.dumps(spec))
+
+
+def test_the_registry_carries_interconnects_and_power_with_sources() -> None:
+    for name, gbps, needle in (
+        ("H100", 450.0, "NVLink"),
+        ("MI300X", 448.0, "Infinity Fabric"),
+        ("v5e", 200.0, "ICI"),
+        ("L4", 32.0, "PCIe"),
+    ):
+        entry = devices.get_device(name)
+        assert entry.spec.link_bandwidth_gbps == gbps
+        assert any(needle in s for s in entry.sources), entry.sources
+    assert devices.get_device("H100").spec.power_watts == 700.0
+    assert devices.get_device("v5e").spec.power_watts is None  # not published
+    est = yr.estimate(_tp_mlp(8), "H100", best=False)
+    assert est.collective_us == pytest.approx(_ring_all_reduce_us(8 * 1024 * 2, 8, 450.0, 1.0))
+
+
+def test_compare_variants_ranks_tensor_parallel_degrees_by_predicted_time() -> None:
+    cmp = yr.compare_variants(_tp_mlp, LINKED, values=[1, 2, 4, 8], best=False)
+    singles = {p: yr.estimate(_tp_mlp(p), LINKED, best=False).total_us for p in (1, 2, 4, 8)}
+    want = sorted(singles, key=lambda p: singles[p])
+    assert [v.value for v in cmp] == want and len(cmp) == 4
+    assert [v.rank for v in cmp] == [1, 2, 3, 4]
+    assert [v.label for v in cmp] == [f"_tp_mlp({p})" for p in want]
+    for v in cmp:
+        assert v.total_us == pytest.approx(singles[v.value], rel=1e-12)
+        assert v.relative == pytest.approx(singles[v.value] / singles[want[0]], rel=1e-12)
+        assert v.terms["collective"] == pytest.approx(
+            _ring_all_reduce_us(16384, v.value, 200.0, 1.5)
+        )
+    assert cmp.best is cmp.variants[0] and cmp.device == LINKED.name
+    text = str(cmp)
+    assert "model prediction" in text and "_tp_mlp(8)" in text
+    assert [d["rank"] for d in cmp.to_dict()["variants"]] == [1, 2, 3, 4]
+
+
+def test_compare_variants_takes_lists_and_dicts_and_names_the_fix() -> None:
+    small, large = _silu_matmul(8, 256, 256), _silu_matmul(64, 1024, 1024)
+    by_list = yr.compare_variants([large, small], PINNED, best=False)
+    assert [v.label for v in by_list] == ["variant 1", "variant 0"]
+    by_dict = yr.compare_variants({"large": large, "small": small}, PINNED, best=False)
+    assert [v.label for v in by_dict] == ["small", "large"]
+    with pytest.raises(yr.ConfigError, match="values="):
+        yr.compare_variants(_tp_mlp, PINNED, best=False)
+    with pytest.raises(yr.ConfigError, match="values= applies to a builder"):
+        yr.compare_variants([small], PINNED, values=[1], best=False)
+    with pytest.raises(yr.ConfigError, match=r"yirage\.estimate"):
+        yr.compare_variants(small, PINNED, best=False)
+    with pytest.raises(yr.ConfigError, match="no variants"):
+        yr.compare_variants([], PINNED, best=False)

@@ -54,8 +54,9 @@ fn kernel_costs(
 
 /// The cost model's terms of every kernel of `graph` on `device_spec` (JSON), in execution
 /// order: a dict per kernel with `op`, `total_us`, `memory_us`, `compute_us`, `launch_us`,
-/// `exposed_us`, `loop_us`, `combine_us`, `utilization`, `loop_split` and `terms` (the
-/// parts that add up to `total_us`). Their totals sum to `predicted_us(graph, device_spec)`.
+/// `exposed_us`, `loop_us`, `combine_us`, `utilization`, `loop_split`, `collective_us` and
+/// `terms` (the parts that add up to `total_us`). Their totals sum to
+/// `predicted_us(graph, device_spec)`.
 #[pyfunction]
 fn cost_terms<'py>(
     py: Python<'py>,
@@ -77,6 +78,7 @@ fn cost_terms<'py>(
         d.set_item("combine_us", c.combine_us)?;
         d.set_item("utilization", c.utilization)?;
         d.set_item("loop_split", c.loop_split)?;
+        d.set_item("collective_us", c.collective_us)?;
         let terms = PyDict::new(py);
         for (term, value) in c.additive_terms() {
             terms.set_item(term, value)?;

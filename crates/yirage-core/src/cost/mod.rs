@@ -26,7 +26,8 @@
 //!   assumed pipelined like an [`LIBRARY_STAGES`]-step loop.
 //!
 //! A kernel's time is `max(memory, compute) + min(memory, compute) / F` plus the launch
-//! overhead.
+//! overhead; a collective kernel of a multi-device graph (`all_reduce`) adds its time on the
+//! device links ([`collective`]: a ring over `world_size` ranks).
 //!
 //! Which further terms apply follows from the spec's [`ExecutionModel`], never from the
 //! vendor name.
@@ -82,7 +83,9 @@
 
 use serde::Serialize;
 
+pub mod collective;
 mod spec;
+pub use collective::{CollectiveKind, CollectiveProfile};
 pub use spec::{DeviceSpec, ExecutionModel};
 
 /// Re-reads served from L2 run this many times faster than DRAM reads.
@@ -197,6 +200,8 @@ pub struct KernelProfile {
     /// Bytes of the block's fp32 accumulators, rows padded to [`GPU_DOT_MIN_ROWS`] (see
     /// [`GPU_ACCUM_BYTES_MAX`]).
     pub accum_bytes: f64,
+    /// The collective a library kernel runs over the device links (see [`collective`]).
+    pub collective: Option<CollectiveProfile>,
 }
 
 /// Predicted time of one kernel, with its parts (µs).
@@ -223,13 +228,15 @@ pub struct KernelCost {
     pub combine_us: f64,
     /// Ways the for-loop is split across blocks (1: not split; see [`gpu_loop_split`]).
     pub loop_split: u32,
+    /// Time on the device links of a collective kernel (0 elsewhere; see [`collective`]).
+    pub collective_us: f64,
 }
 
 impl KernelCost {
     /// The parts that add up to `total_us`, by name: the larger of memory and compute under
-    /// `"memory"` or `"compute"` (the other is 0), then `"exposed"`, `"loop"`, `"combine"`
-    /// and `"launch"`.
-    pub fn additive_terms(&self) -> [(&'static str, f64); 6] {
+    /// `"memory"` or `"compute"` (the other is 0), then `"exposed"`, `"loop"`, `"combine"`,
+    /// `"launch"` and `"collective"`.
+    pub fn additive_terms(&self) -> [(&'static str, f64); 7] {
         let memory_bound = self.memory_us >= self.compute_us;
         let (mem, comp) = if memory_bound {
             (self.memory_us, 0.0)
@@ -243,6 +250,7 @@ impl KernelCost {
             ("loop", self.loop_us),
             ("combine", self.combine_us),
             ("launch", self.launch_us),
+            ("collective", self.collective_us),
         ]
     }
 }
@@ -277,8 +285,19 @@ pub fn gpu_loop_split(spec: &DeviceSpec, blocks: u64, forloop: u32) -> u32 {
     split
 }
 
-/// Predicted cost of one kernel.
+/// Predicted cost of one kernel: its time on the device plus, for a collective, its time
+/// on the links.
 pub fn kernel_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
+    let mut c = device_cost(spec, p);
+    if let Some(coll) = &p.collective {
+        c.collective_us = collective::collective_us(spec, coll);
+        c.total_us += c.collective_us;
+    }
+    c
+}
+
+/// Predicted time of one kernel on the device (the cheaper of split and unsplit loops).
+fn device_cost(spec: &DeviceSpec, p: &KernelProfile) -> KernelCost {
     let base = kernel_cost_split(spec, p, 1);
     let streams = p.reads.iter().any(|r| !r.once);
     if !spec.is_streaming_gpu() || p.library || p.blocks == 0 || p.forloop < 2 || !streams {
@@ -423,6 +442,7 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         loop_us: iter_us,
         combine_us: 0.0,
         loop_split: split,
+        collective_us: 0.0,
     }
 }
 

@@ -101,6 +101,13 @@ pub struct DeviceSpec {
     /// tile. See [`DeviceSpec::block_legal`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tiling: Option<[u32; 2]>,
+    /// Device-to-device link bandwidth (GB/s per direction, per device) the collectives'
+    /// ring uses; None: PCIe (see [`super::collective`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_bandwidth_gbps: Option<f64>,
+    /// Fixed cost (µs) of one ring step of a collective; None: the link's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_latency_us: Option<f64>,
 }
 
 /// The JSON as sent, before `execution_model` is resolved and the limits are checked.
@@ -123,6 +130,10 @@ struct RawDeviceSpec {
     launch_overhead_us: Option<f64>,
     #[serde(default)]
     tiling: Option<[u32; 2]>,
+    #[serde(default)]
+    link_bandwidth_gbps: Option<f64>,
+    #[serde(default)]
+    link_latency_us: Option<f64>,
 }
 
 impl TryFrom<RawDeviceSpec> for DeviceSpec {
@@ -147,6 +158,8 @@ impl TryFrom<RawDeviceSpec> for DeviceSpec {
             execution_model,
             launch_overhead_us: raw.launch_overhead_us,
             tiling: raw.tiling,
+            link_bandwidth_gbps: raw.link_bandwidth_gbps,
+            link_latency_us: raw.link_latency_us,
         };
         spec.validate()?;
         Ok(spec)
@@ -180,8 +193,8 @@ impl DeviceSpec {
                 "{e}; expected an object with compute_units, warp_size, \
                  max_threads_per_block, shared_mem_per_block, l2_bytes, mem_bandwidth_gbps, \
                  peak_tflops_fp16, peak_tflops_fp32, matrix_tile ([m,n,k] or null), vendor, \
-                 execution_model (simt, cpu or tile) and optionally launch_overhead_us and \
-                 tiling ([sublane, lane])"
+                 execution_model (simt, cpu or tile) and optionally launch_overhead_us, \
+                 tiling ([sublane, lane]), link_bandwidth_gbps and link_latency_us"
             ))
         })?;
         DeviceSpec::try_from(raw)
@@ -233,6 +246,26 @@ impl DeviceSpec {
         if let Some(t) = self.tiling {
             if t.contains(&0) {
                 return bad("tiling entries [sublane, lane] must be ≥ 1");
+            }
+        }
+        self.validate_links()
+    }
+
+    /// The optional link figures, when given, must be finite (bandwidth > 0, latency ≥ 0).
+    fn validate_links(&self) -> Result<()> {
+        if let Some(b) = self.link_bandwidth_gbps {
+            if !(b.is_finite() && b > 0.0) {
+                return Err(spec_error(&format!(
+                    "link_bandwidth_gbps must be a finite number > 0 (GB/s per direction), or \
+                     null for PCIe; got {b}"
+                )));
+            }
+        }
+        if let Some(l) = self.link_latency_us {
+            if !(l.is_finite() && l >= 0.0) {
+                return Err(spec_error(&format!(
+                    "link_latency_us must be a finite number ≥ 0, or null; got {l}"
+                )));
             }
         }
         Ok(())
@@ -319,6 +352,8 @@ impl DeviceSpec {
             execution_model: ExecutionModel::Simt,
             launch_overhead_us: None,
             tiling: None,
+            link_bandwidth_gbps: None,
+            link_latency_us: None,
         }
     }
 
@@ -338,6 +373,8 @@ impl DeviceSpec {
             execution_model: ExecutionModel::Cpu,
             launch_overhead_us: None,
             tiling: None,
+            link_bandwidth_gbps: None,
+            link_latency_us: None,
         }
     }
 }

@@ -14,7 +14,9 @@
 //! generation always see the same kernels.
 
 use crate::block_graph::{BlockGraph, BlockOpKind};
-use crate::cost::{DeviceSpec, KernelProfile, MatmulProfile, ReadProfile};
+use crate::cost::{
+    CollectiveKind, CollectiveProfile, DeviceSpec, KernelProfile, MatmulProfile, ReadProfile,
+};
 use crate::dtype::DType;
 use crate::error::{CoreError, Result};
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
@@ -661,7 +663,24 @@ pub fn library_profile(
             p.other_flops += 4.0 * n as f64;
         }
     }
+    p.collective = collective_profile(g, kind, p.write_bytes);
     p
+}
+
+/// The link traffic of a collective op (an `all_reduce` of `bytes` over the graph's ranks).
+fn collective_profile(
+    g: &KernelGraph,
+    kind: &KernelOpKind,
+    bytes: f64,
+) -> Option<CollectiveProfile> {
+    match kind {
+        KernelOpKind::AllReduce { .. } => Some(CollectiveProfile {
+            kind: CollectiveKind::AllReduce,
+            bytes,
+            world_size: g.world_size() as u32,
+        }),
+        _ => None,
+    }
 }
 
 /// Profiles of every kernel of `g` (library ops and customized ops) in execution order.

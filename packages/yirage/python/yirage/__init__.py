@@ -32,7 +32,14 @@ from yirage._errors import (
     ShapeError,
     YirageError,
 )
-from yirage._estimate import Estimate, KernelEstimate, estimate
+from yirage._estimate import (
+    Estimate,
+    KernelEstimate,
+    Variant,
+    VariantComparison,
+    compare_variants,
+    estimate,
+)
 from yirage._graph import (
     DTensor,
     KernelGraph,
@@ -93,10 +100,13 @@ __all__ = [
     "SuperoptimizeError",
     "SuperoptimizeReport",
     "ThreadBlockGraph",
+    "Variant",
+    "VariantComparison",
     "VerificationLevel",
     "YirageError",
     "__version__",
     "bfloat16",
+    "compare_variants",
     "devices",
     "equivalent",
     "estimate",

@@ -230,5 +230,6 @@ def predicted_us(graph: KernelGraph, device_spec: str) -> float:
 def cost_terms(graph: KernelGraph, device_spec: str) -> list[dict[str, Any]]:
     """The cost model's terms of every kernel of ``graph`` on ``device_spec`` (JSON), in
     execution order: ``op``, ``total_us``, ``memory_us``, ``compute_us``, ``launch_us``,
-    ``exposed_us``, ``loop_us``, ``combine_us``, ``utilization``, ``loop_split`` and
-    ``terms`` (the parts that add up to ``total_us``; the totals sum to ``predicted_us``)."""
+    ``exposed_us``, ``loop_us``, ``combine_us``, ``utilization``, ``loop_split``,
+    ``collective_us`` (a collective's time on the device links) and ``terms`` (the parts
+    that add up to ``total_us``; the totals sum to ``predicted_us``)."""

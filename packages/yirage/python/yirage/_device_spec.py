@@ -34,6 +34,11 @@ _ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "float64": 
 class DeviceSpec:
     """What the search and cost model know about a device.
 
+    ``link_bandwidth_gbps`` (GB/s per direction, per device) and ``link_latency_us`` (µs per
+    ring step) price the collectives of multi-device graphs (None: PCIe 4.0 x16 figures);
+    ``power_watts`` (board power, W) gives ``yirage.estimate`` an energy figure. The search
+    never reads the power.
+
     ``shared_mem_per_block`` is the fast on-chip memory one block may use, in bytes (shared
     memory on NVIDIA/AMD LDS, threadgroup memory on Apple, the unified buffer on Ascend, VMEM
     on TPU, L1d per core on CPUs). ``warp_size`` is the warp / wavefront / SIMD-group width
@@ -73,8 +78,14 @@ class DeviceSpec:
     launch_overhead_us: float | None = None
     source: Literal["table", "live", "table+live"] = "table"
     tiling: tuple[int, int] | None = None
+    #: Device-to-device link bandwidth (GB/s per direction) and per-step latency (µs) of a
+    #: collective's ring, and the board power (W); see :func:`_check_links`.
+    link_bandwidth_gbps: float | None = None
+    link_latency_us: float | None = None
+    power_watts: float | None = None
 
     def __post_init__(self) -> None:
+        _check_links(self)
         model = self.execution_model
         if model is not None and model not in EXECUTION_MODELS:
             allowed = ", ".join(repr(m) for m in EXECUTION_MODELS)
@@ -158,3 +169,21 @@ class DeviceSpec:
             parts.append(f"blocks of ({self.tiling[0]}, {self.tiling[1]}) x 32-bit")
         parts.append(f"source: {self.source}")
         return ", ".join(parts)
+
+
+def _check_links(spec: DeviceSpec) -> None:
+    """The optional link and power figures, when given, are finite and positive (the
+    latency may be 0)."""
+    for name, value, least in (
+        ("link_bandwidth_gbps", spec.link_bandwidth_gbps, "> 0"),
+        ("link_latency_us", spec.link_latency_us, ">= 0"),
+        ("power_watts", spec.power_watts, "> 0"),
+    ):
+        if value is None:
+            continue
+        ok = isinstance(value, (int, float)) and math.isfinite(value)
+        if not ok or value < 0 or (value == 0 and least == "> 0"):
+            raise ConfigError(
+                f"DeviceSpec {spec.name!r}: {name} must be a finite number {least} (or None "
+                f"when not known), got {value!r}"
+            )

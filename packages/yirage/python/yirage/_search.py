@@ -50,6 +50,8 @@ PRESETS = ("attention", "mlp", "lora")
 _CACHE_FORMAT = "yirage.search_cache"
 #: 2: candidates whose unshifted exp feeds a generated kernel are no longer offered.
 _CACHE_VERSION = 2
+#: Optional link figures of the core's spec (collective costs); power stays in Python.
+_LINK_FIELDS = ("link_bandwidth_gbps", "link_latency_us")
 _SPEC_FIELDS = (
     "compute_units",
     "warp_size",
@@ -292,7 +294,7 @@ def device_spec_json(spec: Any, backend: str | None = None) -> tuple[str, list[s
     ``execution_model`` instead, deriving it from that name only for specs without one."""
     d = _as_dict(spec)
     out: dict[str, Any] = {k: d.get(k) for k in _SPEC_FIELDS}
-    for key in ("launch_overhead_us", "execution_model", "tiling"):
+    for key in ("launch_overhead_us", "execution_model", "tiling", *_LINK_FIELDS):
         if d.get(key) is not None:
             out[key] = d[key]
     vendor = (backend or out.get("vendor") or "unknown").lower()

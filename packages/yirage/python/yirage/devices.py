@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from yirage import _core
+from yirage import _core, _interconnect
 from yirage._device_spec import EXECUTION_MODELS, DeviceSpec
 from yirage._errors import BackendUnavailableError, ConfigError
 
@@ -346,9 +346,11 @@ def _builtin_entries(registry: Any) -> tuple[list[DeviceEntry], list[str]]:
         origin = f"{be.distribution or backend} table"
         for key, spec in table.items():
             sources = _VENDOR_SOURCES.get((backend, key), (f"{origin}, {spec.name}",))
+            spec, sources = _interconnect.with_links(backend, key, spec, sources)
             aliases = _VENDOR_ALIASES.get((backend, key), ())
             entries.append(DeviceEntry(key, spec, backend, origin, sources, aliases))
     for key, (spec, sources, aliases) in CPU_DEVICES.items():
+        spec, sources = _interconnect.with_links("cpu", key, spec, sources)
         entries.append(DeviceEntry(key, spec, "cpu", "yirage CPU table", sources, aliases))
     return entries, [m for m in missing if m != "cpu"]
 
@@ -489,9 +491,15 @@ def _norms(entry: DeviceEntry) -> set[str]:
 
 
 #: Fields the core takes as null.
-_OPTIONAL = ("matrix_tile", "launch_overhead_us", "tiling")
+_OPTIONAL = (
+    "matrix_tile",
+    "launch_overhead_us",
+    "tiling",
+    "link_bandwidth_gbps",
+    "link_latency_us",
+)
 #: DeviceSpec fields the core's spec JSON does not take.
-_NOT_CORE = ("name", "arch", "simd_width_bits", "source")
+_NOT_CORE = ("name", "arch", "simd_width_bits", "source", "power_watts")
 
 
 def _check_figures(spec: DeviceSpec, backend: str) -> None:
