@@ -47,6 +47,8 @@ def unary(name: str, x: np.ndarray, params: list[float]) -> np.ndarray:
             return -x
         if name == "mul_scalar":
             return x * params[0]
+        if name == "add_scalar":
+            return x + params[0]
         if name == "clamp":
             return np.clip(x, params[0], params[1])
     raise ValueError(name)
@@ -195,6 +197,10 @@ def run_library(k: dict[str, Any], bufs: dict[int, np.ndarray]) -> None:
         r = np.concatenate(x, axis=p["dim"])
     elif op == "chunk":
         r = np.array_split(x[0], p["chunks"], axis=p["dim"])[p["index"]]
+    elif op == "permute":
+        r = np.transpose(x[0], p["perm"])
+    elif op == "reshape":
+        r = np.reshape(x[0], p["dims"])
     else:
         raise ValueError(op)
     bufs[k["outputs"][0]][...] = r

@@ -81,8 +81,19 @@ def test_self_attention_grouped_queries(qk_norm: bool) -> None:
     (out,) = g.evaluate([q, kt, v])
     if qk_norm:
         q = _rms(q, 1e-6)
-        kt = kt / np.sqrt((kt * kt).mean(axis=-2, keepdims=True))
+        kt = kt / np.sqrt((kt * kt).mean(axis=-2, keepdims=True) + 1e-6)
     want = _softmax((q @ kt) / math.sqrt(16)) @ v
+    np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-12)
+
+
+def test_gemm_layernorm() -> None:
+    x, w, s, b = _arr(4, 64), _arr(64, 32), _arr(32), _arr(32)
+    g, (tx, tw, ts, tb) = _graph((4, 64), (64, 32), (32,), (32,))
+    g.mark_output(g.gemm_layernorm(tx, tw, ts, tb, eps=1e-5))
+    (out,) = g.evaluate([x, w, s, b])
+    y = x @ w
+    c = y - y.mean(axis=-1, keepdims=True)
+    want = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + 1e-5) * s + b
     np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-12)
 
 
@@ -114,6 +125,9 @@ def test_the_search_fuses_each_builder() -> None:
     g, (q, kt, v) = _graph((4, 4, 64), (4, 64, 512), (4, 512, 64))
     g.mark_output(g.self_attention(q, kt, v))
     cases.append((g, "attention"))
+    g, (x, w, s, b) = _graph((8, 512), (512, 256), (256,), (256,))
+    g.mark_output(g.gemm_layernorm(x, w, s, b))
+    cases.append((g, "mlp"))
     for graph, config in cases:
         res = yr.search(
             graph, backend="cpu", config=config, device_spec=REFERENCE_CPU, deterministic=True

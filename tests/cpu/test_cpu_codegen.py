@@ -67,6 +67,7 @@ UNARY = [
     ("tanh", []),
     ("neg", []),
     ("mul_scalar", [0.37]),
+    ("add_scalar", [-0.625]),
     ("clamp", [-0.5, 0.75]),
 ]
 

@@ -7,8 +7,9 @@
 //! tensors re-declared at the rank they are used at:
 //!
 //! * every op puts its operands and results in one class (binary, matmul, the unary ops,
-//!   reduction, rms_norm with its weight, softmax, concat, chunk, all_reduce); each class
-//!   takes the largest rank among its tensors;
+//!   reduction, rms_norm with its weight, softmax, concat, chunk, permute, all_reduce; not
+//!   reshape, whose operand and result have unrelated ranks); each class takes the largest
+//!   rank among its tensors;
 //! * a tensor below its class's rank gets leading size-1 dims: graph inputs are re-declared
 //!   that way and dim arguments (reduction, softmax, concat, chunk) shift accordingly. An
 //!   rms_norm weight `[K]` thus becomes `[1, K]` next to an `x` of rank 2, the form in which
@@ -48,7 +49,8 @@ pub fn canonical_ranks(g: &KernelGraph) -> Result<Vec<usize>> {
     let mut fixed: Vec<bool> = vec![false; n];
     for op in g.ops() {
         let tied: Vec<TensorId> = match &op.kind {
-            KernelOpKind::Input { .. } => vec![],
+            // a reshape's input and output have unrelated ranks
+            KernelOpKind::Input { .. } | KernelOpKind::Reshape { .. } => vec![],
             KernelOpKind::Customized { inputs, .. } => {
                 for &t in inputs.iter().chain(&op.outs) {
                     fixed[t] = true;

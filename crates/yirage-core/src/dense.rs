@@ -71,6 +71,30 @@ impl<V: Copy> Dense<V> {
     }
 
     /// Write `src` into the box of `self` starting at `offset`.
+    /// Dims reordered: output dim `i` is dim `perm[i]` (a permutation of `0..rank`).
+    pub fn permute(&self, perm: &[usize]) -> Self {
+        let dims: Dims = perm.iter().map(|&d| self.dims[d]).collect();
+        let mut in_strides = vec![1usize; self.dims.len()];
+        for i in (0..self.dims.len().saturating_sub(1)).rev() {
+            in_strides[i] = in_strides[i + 1] * self.dims[i + 1];
+        }
+        let strides: Vec<usize> = perm.iter().map(|&d| in_strides[d]).collect();
+        let mut data = Vec::with_capacity(self.data.len());
+        let mut idx = vec![0usize; dims.len()];
+        for _ in 0..self.data.len() {
+            let src: usize = idx.iter().zip(&strides).map(|(i, s)| i * s).sum();
+            data.push(self.data[src]);
+            for k in (0..dims.len()).rev() {
+                idx[k] += 1;
+                if idx[k] < dims[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        Dense { dims, data }
+    }
+
     pub fn place(&mut self, src: &Self, offset: &[usize]) {
         let st = strides(&self.dims);
         let sizes = &src.dims;

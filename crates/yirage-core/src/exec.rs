@@ -235,6 +235,11 @@ fn run_op<D: Domain>(
             off[*dim] = index * sizes[*dim];
             one(src.slice(&off, &sizes))
         }
+        KernelOpKind::Permute { x, perm } => one(get(vals, *x)?.permute(perm)),
+        KernelOpKind::Reshape { x, dims } => one(Dense {
+            dims: dims.clone(),
+            data: get(vals, *x)?.data.clone(),
+        }),
         KernelOpKind::Customized { inputs, graph } => {
             let ins: Vec<&Dense<D::V>> = inputs
                 .iter()
@@ -292,6 +297,8 @@ fn unary_sign(op: UnaryOp, x: Sign) -> Sign {
         UnaryOp::Relu => NonNeg,
         UnaryOp::MulScalar(s) if s > 0.0 => x,
         UnaryOp::MulScalar(0.0) => NonNeg,
+        UnaryOp::AddScalar(c) if c > 0.0 && x >= NonNeg => Pos,
+        UnaryOp::AddScalar(0.0) => x,
         UnaryOp::Clamp { lo, .. } if lo > 0.0 => Pos,
         UnaryOp::Clamp { lo, hi } if lo >= 0.0 || (x >= NonNeg && hi >= 0.0) => NonNeg,
         _ => Any,
@@ -324,6 +331,8 @@ pub fn tensor_signs(g: &KernelGraph) -> Vec<Sign> {
             KernelOpKind::Binary { op, a, b } => vec![binary_sign(*op, (*a, *b), s[*a], s[*b])],
             KernelOpKind::Reduction { x, .. }
             | KernelOpKind::Chunk { x, .. }
+            | KernelOpKind::Permute { x, .. }
+            | KernelOpKind::Reshape { x, .. }
             | KernelOpKind::AllReduce { x } => vec![s[*x]],
             KernelOpKind::RmsNorm { x, weight, .. } => {
                 vec![weight.map_or(s[*x], |w| s[*x].min(s[w]))]

@@ -7,14 +7,14 @@
 //! trial and output element (in practice far less), except where the field cannot see the
 //! difference, which [`TrialCheck::verdict`] (and so [`equivalent`] and the search) checks.
 //!
-//! Exact ops (modelled by their algebra): add, sub, mul, neg, square, mul_scalar (dyadic
-//! embedding of the scalar), div (multiplication by the inverse), exp (g^b for a value
-//! (a, b), g a seeded element of order q per trial; exp(0) = 1; an exp of a value computed
-//! from another exp's output has no known b and is g^h(a) with h seeded, see
+//! Exact ops (modelled by their algebra): add, sub, mul, neg, square, mul_scalar and
+//! add_scalar (dyadic embedding of the scalar), div (multiplication by the inverse), exp
+//! (g^b for a value (a, b), g a seeded element of order q per trial; exp(0) = 1; an exp of a
+//! value computed from another exp's output has no known b and is g^h(a) with h seeded, see
 //! [`crate::field`]), sqrt and rsqrt of values the sign analysis proves ≥ 0
 //! ([`crate::exec::tensor_signs`]: multiplicative modular square root), matmul,
-//! reductions, rms_norm, softmax, concat/chunk, accumulators (sums of the same field ops;
-//! means multiply by N⁻¹).
+//! reductions, rms_norm, softmax, concat/chunk, permute/reshape (they move elements),
+//! accumulators (sums of the same field ops; means multiply by N⁻¹).
 //!
 //! Uninterpreted ops (seeded random functions of their input value(s), the same function in
 //! every graph for the same op, parameters and trial): silu, gelu, relu, sigmoid, tanh,
@@ -194,6 +194,10 @@ impl Domain for FieldDomain {
                 let c = Fv::from_f64(s);
                 Box::new(move |x: Fv| x * c)
             }
+            UnaryOp::AddScalar(s) => {
+                let c = Fv::from_f64(s);
+                Box::new(move |x: Fv| x + c)
+            }
             other => {
                 // f(0) is exact (a zero p-part is, but for chance 1/p, a value that is 0 for
                 // every input, e.g. y − y): relu/silu/gelu/tanh(0) = 0, sigmoid(0) = 1/2, clamp
@@ -368,12 +372,12 @@ fn same_values(a: &[Dense<Fv>], b: &[Dense<Fv>]) -> bool {
 /// makes without scalars: sums of a value with itself, negations, counts).
 const IMPLICIT_INTEGERS: std::ops::RangeInclusive<i64> = -64..=64;
 
-/// The scalars a graph embeds into the field: `mul_scalar` factors and rms eps values
-/// (clamp bounds only key uninterpreted functions).
+/// The scalars a graph embeds into the field: `mul_scalar` factors, `add_scalar` terms and
+/// rms eps values (clamp bounds only key uninterpreted functions).
 fn graph_scalars(g: &KernelGraph) -> Vec<f64> {
     let mut out = vec![];
     let unary = |op: &UnaryOp, out: &mut Vec<f64>| {
-        if let UnaryOp::MulScalar(c) = op {
+        if let UnaryOp::MulScalar(c) | UnaryOp::AddScalar(c) = op {
             out.push(*c);
         }
     };

@@ -98,6 +98,14 @@ enum KernelOpDoc {
     AllReduce {
         x: u64,
     },
+    Permute {
+        x: u64,
+        perm: Vec<i64>,
+    },
+    Reshape {
+        x: u64,
+        dims: Vec<i64>,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -299,6 +307,14 @@ fn op_doc(kind: &KernelOpKind, t: impl Fn(usize) -> u64) -> KernelOpDoc {
             block_graph: block_doc(graph),
         },
         KernelOpKind::AllReduce { x } => KernelOpDoc::AllReduce { x: t(*x) },
+        KernelOpKind::Permute { x, perm } => KernelOpDoc::Permute {
+            x: t(*x),
+            perm: dims_i(perm),
+        },
+        KernelOpKind::Reshape { x, dims } => KernelOpDoc::Reshape {
+            x: t(*x),
+            dims: dims_i(dims),
+        },
     }
 }
 
@@ -509,6 +525,8 @@ pub fn from_json(s: &str) -> Result<KernelGraph> {
                 .and_then(|bg| g.customized(&id_vec(inputs), &bg))
                 .map(|_| ()),
             KernelOpDoc::AllReduce { x } => g.all_reduce(id(*x)).map(|_| ()),
+            KernelOpDoc::Permute { x, perm } => g.permute(id(*x), perm).map(|_| ()),
+            KernelOpDoc::Reshape { x, dims } => g.reshape(id(*x), dims).map(|_| ()),
         };
         r.map_err(|e| e.context(format!("from_json: op #{k}")))?;
     }

@@ -14,9 +14,14 @@ use crate::dtype::{same_dtype, DType};
 use crate::error::{graph_err, shape_err, Result};
 use crate::ops::{check_eps, BinaryOp, UnaryOp};
 use crate::shape::{
-    concat_dims, fmt_dims, keepdim_dims, matmul_dims, norm_dim, numpy_broadcast_dims,
+    concat_dims, fmt_dims, keepdim_dims, matmul_dims, norm_dim, numel, numpy_broadcast_dims,
     validate_dims, Dims,
 };
+
+/// Dims already checked by [`validate_dims`], as stored.
+fn dims_of(dims: &[i64]) -> Dims {
+    dims.iter().map(|&d| d as usize).collect()
+}
 
 /// Largest `world_size` of a multi-device graph.
 pub const MAX_WORLD_SIZE: usize = 1024;
@@ -72,6 +77,18 @@ pub enum KernelOpKind {
         dim: usize,
         index: usize,
     },
+    /// Output dim `i` is input dim `perm[i]` (elements move; run by the backends' library
+    /// path, a boundary for the search).
+    Permute {
+        x: TensorId,
+        perm: Vec<usize>,
+    },
+    /// The same elements in row-major order under new dims (equal element count; run by
+    /// the backends' library path, a boundary for the search).
+    Reshape {
+        x: TensorId,
+        dims: Dims,
+    },
     /// Sum over the `world_size` ranks (multi-device collective; a boundary for the search).
     AllReduce {
         x: TensorId,
@@ -93,6 +110,8 @@ impl KernelOpKind {
             | KernelOpKind::Reduction { x, .. }
             | KernelOpKind::Softmax { x, .. }
             | KernelOpKind::AllReduce { x }
+            | KernelOpKind::Permute { x, .. }
+            | KernelOpKind::Reshape { x, .. }
             | KernelOpKind::Chunk { x, .. } => vec![*x],
             KernelOpKind::RmsNorm { x, weight, .. } => {
                 let mut v = vec![*x];
@@ -430,6 +449,46 @@ impl KernelGraph {
         ))
     }
 
+    /// Reorder the dims of `x`: output dim `i` is input dim `perm[i]` (negative entries count
+    /// from the end); `perm` must name every dim exactly once.
+    pub fn permute(&mut self, x: TensorId, perm: &[i64]) -> Result<TensorId> {
+        let what = format!("permute(t{x}, perm={perm:?})");
+        let t = self.tensor(x)?.clone();
+        let n = t.dims.len();
+        let p = perm
+            .iter()
+            .map(|&d| norm_dim(&what, d, n))
+            .collect::<Result<Vec<usize>>>()?;
+        let mut seen = vec![false; n];
+        for &d in &p {
+            seen[d] = true;
+        }
+        if p.len() != n || seen.contains(&false) {
+            let example: Vec<usize> = (0..n).rev().collect();
+            return shape_err(format!(
+                "{what}: perm must list each of the input's {n} dims (0 to {}) exactly once, e.g. {example:?}",
+                n - 1
+            ));
+        }
+        let dims: Dims = p.iter().map(|&d| t.dims[d]).collect();
+        Ok(self.push1(KernelOpKind::Permute { x, perm: p }, dims, t.dtype))
+    }
+
+    /// The elements of `x` in row-major order under `dims` (the element count must match).
+    pub fn reshape(&mut self, x: TensorId, dims: &[i64]) -> Result<TensorId> {
+        let what = format!("reshape(t{x}, {dims:?})");
+        let t = self.tensor(x)?.clone();
+        let d = validate_dims(&what, dims)?;
+        let (have, want) = (numel(&t.dims), numel(&d));
+        if have != want {
+            return shape_err(format!(
+                "{what}: the input {} has {have} elements but the new dims hold {want}; choose dims whose product is {have}",
+                fmt_dims(&t.dims)
+            ));
+        }
+        Ok(self.push1(KernelOpKind::Reshape { x, dims: d }, dims_of(dims), t.dtype))
+    }
+
     /// Graph-defined operator: `inputs` must match the block graph's inputs in count,
     /// dims and dtype; returns one new tensor per block-graph output.
     pub fn customized(&mut self, inputs: &[TensorId], graph: &BlockGraph) -> Result<Vec<TensorId>> {
@@ -534,6 +593,21 @@ impl KernelGraph {
                 index,
             } => one(self.chunk_piece(m(*x)?, *chunks as i64, dim(*x, *d), *index as i64)),
             KernelOpKind::AllReduce { x } => one(self.all_reduce(m(*x)?)),
+            KernelOpKind::Permute { x, perm } => {
+                // promoted leading dims stay in front
+                let l = lead(*x);
+                let p: Vec<i64> = (0..l)
+                    .chain(perm.iter().map(|&d| d + l))
+                    .map(|d| d as i64)
+                    .collect();
+                one(self.permute(m(*x)?, &p))
+            }
+            KernelOpKind::Reshape { x, dims } => {
+                let d: Vec<i64> = std::iter::repeat_n(1, out_lead)
+                    .chain(dims.iter().map(|&v| v as i64))
+                    .collect();
+                one(self.reshape(m(*x)?, &d))
+            }
             KernelOpKind::Customized { inputs, graph } => {
                 let ids = inputs.iter().map(|&x| m(x)).collect::<Result<Vec<_>>>()?;
                 self.customized(&ids, graph)
@@ -601,6 +675,8 @@ impl KernelGraph {
                     index,
                 } => format!("chunk(t{x}, chunks={chunks}, dim={dim})[{index}]"),
                 KernelOpKind::AllReduce { x } => format!("all_reduce(t{x})"),
+                KernelOpKind::Permute { x, perm } => format!("permute(t{x}, perm={perm:?})"),
+                KernelOpKind::Reshape { x, dims } => format!("reshape(t{x}, {})", fmt_dims(dims)),
                 KernelOpKind::Customized { inputs, .. } => format!("customized({})", ts(inputs)),
             };
             let outs: Vec<String> = op

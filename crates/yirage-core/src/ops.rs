@@ -20,6 +20,8 @@ pub enum UnaryOp {
     Neg,
     /// Multiply by a finite scalar.
     MulScalar(f64),
+    /// Add a finite scalar (subtracting `c` is adding `-c`).
+    AddScalar(f64),
     /// Clamp into `[lo, hi]` (finite, `lo <= hi`).
     Clamp {
         lo: f64,
@@ -50,6 +52,7 @@ impl UnaryOp {
             UnaryOp::Tanh => "tanh",
             UnaryOp::Neg => "neg",
             UnaryOp::MulScalar(_) => "mul_scalar",
+            UnaryOp::AddScalar(_) => "add_scalar",
             UnaryOp::Clamp { .. } => "clamp",
         }
     }
@@ -57,7 +60,7 @@ impl UnaryOp {
     /// Parameters in API order (empty for parameterless ops).
     pub fn params(&self) -> Vec<f64> {
         match *self {
-            UnaryOp::MulScalar(s) => vec![s],
+            UnaryOp::MulScalar(s) | UnaryOp::AddScalar(s) => vec![s],
             UnaryOp::Clamp { lo, hi } => vec![lo, hi],
             _ => vec![],
         }
@@ -91,6 +94,12 @@ impl UnaryOp {
                     "unary op \"mul_scalar\" takes params=(scalar,), got {params:?}"
                 )),
             },
+            "add_scalar" => match params {
+                [s] => Ok(UnaryOp::AddScalar(check_finite("add_scalar", *s)?)),
+                _ => graph_err(format!(
+                    "unary op \"add_scalar\" takes params=(scalar,), got {params:?}"
+                )),
+            },
             "clamp" => match params {
                 [lo, hi] => {
                     let (lo, hi) = (check_finite("clamp", *lo)?, check_finite("clamp", *hi)?);
@@ -104,7 +113,7 @@ impl UnaryOp {
                 )),
             },
             other => graph_err(format!(
-                "unknown unary op {other:?}; expected one of exp, square, sqrt, rsqrt, silu, gelu, relu, sigmoid, tanh, neg, mul_scalar, clamp"
+                "unknown unary op {other:?}; expected one of exp, square, sqrt, rsqrt, silu, gelu, relu, sigmoid, tanh, neg, mul_scalar, add_scalar, clamp"
             )),
         }
     }
@@ -215,6 +224,7 @@ mod tests {
             ("exp", vec![]),
             ("gelu", vec![]),
             ("mul_scalar", vec![0.5]),
+            ("add_scalar", vec![1e-5]),
             ("clamp", vec![-1.0, 2.0]),
         ] {
             let op = UnaryOp::parse(n, &p).unwrap();
@@ -223,6 +233,8 @@ mod tests {
         }
         assert!(UnaryOp::parse("exp", &[1.0]).is_err());
         assert!(UnaryOp::parse("mul_scalar", &[f64::NAN]).is_err());
+        assert!(UnaryOp::parse("add_scalar", &[f64::INFINITY]).is_err());
+        assert!(UnaryOp::parse("add_scalar", &[]).is_err());
         assert!(UnaryOp::parse("clamp", &[2.0, 1.0]).is_err());
         assert!(UnaryOp::parse("cos", &[]).is_err());
         assert_eq!(BinaryOp::parse("pow").unwrap(), BinaryOp::Pow);

@@ -103,6 +103,7 @@ impl Domain for F64 {
             UnaryOp::Tanh => Box::new(f64::tanh),
             UnaryOp::Neg => Box::new(|x: f64| -x),
             UnaryOp::MulScalar(s) => Box::new(move |x| x * s),
+            UnaryOp::AddScalar(s) => Box::new(move |x| x + s),
             UnaryOp::Clamp { lo, hi } => Box::new(move |x: f64| x.max(lo).min(hi)),
         }
     }
@@ -502,6 +503,7 @@ impl Domain for BallDomain {
             UnaryOp::Rsqrt => Box::new(|x| ball_div(Ball::exact(1.0), ball_sqrt(x))),
             UnaryOp::Neg => Box::new(|x: Ball| Ball { v: -x.v, r: x.r }),
             UnaryOp::MulScalar(s) => Box::new(move |x| ball_mul(x, Ball::exact(s))),
+            UnaryOp::AddScalar(s) => Box::new(move |x| ball_add(x, Ball::exact(s))),
             UnaryOp::Relu => Box::new(|x| ball_clamp(x, 0.0, f64::INFINITY)),
             UnaryOp::Clamp { lo, hi } => Box::new(move |x| ball_clamp(x, lo, hi)),
             other => {
@@ -599,6 +601,7 @@ mod tests {
         assert_eq!(f(UnaryOp::Relu, -2.0), 0.0);
         assert_eq!(f(UnaryOp::Neg, 2.0), -2.0);
         assert_eq!(f(UnaryOp::MulScalar(0.25), 2.0), 0.5);
+        assert_eq!(f(UnaryOp::AddScalar(-0.5), 2.0), 1.5);
         assert_eq!(f(UnaryOp::Clamp { lo: -1.0, hi: 1.0 }, 5.0), 1.0);
         assert_eq!(f(UnaryOp::Sigmoid, 0.0), 0.5);
         assert_eq!(f(UnaryOp::Silu, 0.0), 0.0);

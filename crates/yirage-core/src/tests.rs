@@ -1110,3 +1110,172 @@ fn float_balls_enclose_and_classify() {
     let plain = run(&two_inputs(|_, a, _, _| a));
     assert_eq!(cross_compare(&cancel, &plain), CrossCheck::Unknown);
 }
+
+/// One input `[2, 3, 4]` through `f`, its result the output.
+fn layout_graph(f: impl Fn(&mut KernelGraph, TensorId) -> TensorId) -> KernelGraph {
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[2, 3, 4], F).unwrap();
+    let y = f(&mut g, x);
+    g.mark_output(y).unwrap();
+    g
+}
+
+#[test]
+fn permute_and_reshape_move_elements() {
+    let x = data(&[2, 3, 4], 5);
+    let g = layout_graph(|g, x| g.permute(x, &[2, 0, 1]).unwrap());
+    let out = &evaluate(&g, std::slice::from_ref(&x)).unwrap()[0];
+    assert_eq!(out.dims, vec![4, 2, 3]);
+    // out[k, i, j] = x[i, j, k]
+    for i in 0..2 {
+        for j in 0..3 {
+            for k in 0..4 {
+                assert_eq!(out.data[(k * 2 + i) * 3 + j], x.data[(i * 3 + j) * 4 + k]);
+            }
+        }
+    }
+    let g = layout_graph(|g, x| g.reshape(x, &[6, 4]).unwrap());
+    let out = &evaluate(&g, std::slice::from_ref(&x)).unwrap()[0];
+    assert_eq!((out.dims.clone(), &out.data), (vec![6, 4], &x.data));
+}
+
+#[test]
+fn permute_and_reshape_fingerprints() {
+    let id = layout_graph(|g, x| g.unary(UnaryOp::MulScalar(1.0), x).unwrap());
+    // a permutation and its inverse, a reshape round trip: the identity
+    let round = layout_graph(|g, x| {
+        let p = g.permute(x, &[2, 0, 1]).unwrap();
+        let q = g.permute(p, &[1, 2, 0]).unwrap();
+        g.unary(UnaryOp::MulScalar(1.0), q).unwrap()
+    });
+    assert!(equivalent(&id, &round, 2, 0).unwrap());
+    let reshaped = layout_graph(|g, x| {
+        let r = g.reshape(x, &[4, 6]).unwrap();
+        let back = g.reshape(r, &[2, 3, 4]).unwrap();
+        g.unary(UnaryOp::MulScalar(1.0), back).unwrap()
+    });
+    assert!(equivalent(&id, &reshaped, 2, 0).unwrap());
+    // a wrong inverse (same dims: [2,0,1] applied twice is not the identity on [2,2,2])
+    let cube = |perms: &[&[i64]]| {
+        let mut g = KernelGraph::new();
+        let mut t = g.new_input(&[2, 2, 2], F).unwrap();
+        for p in perms {
+            t = g.permute(t, p).unwrap();
+        }
+        let y = g.unary(UnaryOp::MulScalar(1.0), t).unwrap();
+        g.mark_output(y).unwrap();
+        g
+    };
+    assert!(equivalent(&cube(&[]), &cube(&[&[2, 0, 1], &[1, 2, 0]]), 2, 0).unwrap());
+    assert!(!equivalent(&cube(&[]), &cube(&[&[2, 0, 1], &[2, 0, 1]]), 2, 0).unwrap());
+    // transpose commutes with elementwise ops
+    let t_then_exp = layout_graph(|g, x| {
+        let t = g.permute(x, &[0, 2, 1]).unwrap();
+        g.unary(UnaryOp::Exp, t).unwrap()
+    });
+    let exp_then_t = layout_graph(|g, x| {
+        let e = g.unary(UnaryOp::Exp, x).unwrap();
+        g.permute(e, &[0, 2, 1]).unwrap()
+    });
+    assert!(equivalent(&t_then_exp, &exp_then_t, 2, 0).unwrap());
+    // a reshape is not a transpose of the same dims
+    let r = layout_graph(|g, x| g.reshape(x, &[2, 4, 3]).unwrap());
+    let t = layout_graph(|g, x| g.permute(x, &[0, 2, 1]).unwrap());
+    assert!(!equivalent(&r, &t, 2, 0).unwrap());
+}
+
+#[test]
+fn permute_and_reshape_reject_bad_arguments() {
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[2, 3, 4], F).unwrap();
+    let e = g.permute(x, &[0, 0, 1]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Shape);
+    assert!(
+        e.to_string().contains("exactly once, e.g. [2, 1, 0]"),
+        "{e}"
+    );
+    assert!(g.permute(x, &[0, 1]).is_err());
+    assert!(g
+        .permute(x, &[0, 1, 3])
+        .unwrap_err()
+        .to_string()
+        .contains("out of range"));
+    let p = g.permute(x, &[-1, 0, 1]).unwrap();
+    assert_eq!(g.tensor(p).unwrap().dims, vec![4, 2, 3]);
+    let e = g.reshape(x, &[5, 5]).unwrap_err();
+    assert!(e.to_string().contains("product is 24"), "{e}");
+    assert!(g.reshape(x, &[24, 0]).is_err());
+}
+
+#[test]
+fn permute_and_reshape_json_and_canonical_round_trip() {
+    use BinaryOp::*;
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[4, 6], F).unwrap();
+    let b = g.new_input(&[2, 6, 4], F).unwrap();
+    let z = g.new_input(&[24], F).unwrap();
+    // t and q are promoted to rank 3 by the add with b: the permute keeps the new dim in
+    // front, the reshape produces it
+    let t = g.permute(x, &[1, 0]).unwrap();
+    let q = g.reshape(z, &[6, 4]).unwrap();
+    let u = g.binary(Add, t, b).unwrap();
+    let u = g.binary(Mul, u, q).unwrap();
+    let r = g.reshape(u, &[2, 3, 8]).unwrap();
+    let c = g.chunk(r, 2, 2).unwrap()[1];
+    g.mark_output(c).unwrap();
+    let back = from_json(&to_json(&g)).unwrap();
+    assert_eq!(back, g);
+    assert_eq!(hash(&back), hash(&g));
+    assert!(
+        g.describe().contains("permute(t0, perm=[1, 0])"),
+        "{}",
+        g.describe()
+    );
+    let h = crate::canon::promote_ranks(&g).unwrap();
+    let sig: Vec<Vec<usize>> = h.input_signature().into_iter().map(|s| s.0).collect();
+    assert_eq!(sig, vec![vec![1, 4, 6], vec![2, 6, 4], vec![24]]);
+    let ins = [data(&[4, 6], 1), data(&[2, 6, 4], 2), data(&[24], 3)];
+    let hins: Vec<Tensor> = ins
+        .iter()
+        .zip(&sig)
+        .map(|(x, d)| Tensor::new(d.clone(), x.data.clone()).unwrap())
+        .collect();
+    let want = evaluate(&g, &ins).unwrap();
+    let got = evaluate(&h, &hins).unwrap();
+    assert_eq!(want[0].data, got[0].data);
+}
+
+#[test]
+fn add_scalar_is_exact_in_the_field() {
+    use BinaryOp::*;
+    // (a + 0.5) + 0.25 == a + 0.75, and (a + c) - a == c for two graphs alike
+    let two = two_inputs(|g, a, _, _| {
+        let s = g.unary(UnaryOp::AddScalar(0.5), a).unwrap();
+        g.unary(UnaryOp::AddScalar(0.25), s).unwrap()
+    });
+    let one = two_inputs(|g, a, _, _| g.unary(UnaryOp::AddScalar(0.75), a).unwrap());
+    assert!(equivalent(&two, &one, 2, 0).unwrap());
+    let other = two_inputs(|g, a, _, _| g.unary(UnaryOp::AddScalar(0.5), a).unwrap());
+    assert!(!equivalent(&one, &other, 2, 0).unwrap());
+    // x / sqrt(mean(x²) + eps) written out equals rms_norm(x, eps): rsqrt of a value > 0
+    let mut w = KernelGraph::new();
+    let x = w.new_input(&[8, 64], F).unwrap();
+    let sq = w.unary(UnaryOp::Square, x).unwrap();
+    let s = w.reduction(sq, -1).unwrap();
+    let m = w.unary(UnaryOp::MulScalar(1.0 / 64.0), s).unwrap();
+    let m = w.unary(UnaryOp::AddScalar(1e-5), m).unwrap();
+    let r = w.unary(UnaryOp::Rsqrt, m).unwrap();
+    let y = w.binary(Mul, x, r).unwrap();
+    w.mark_output(y).unwrap();
+    let mut n = KernelGraph::new();
+    let x = n.new_input(&[8, 64], F).unwrap();
+    let y = n.rms_norm(x, &[64], None, 1e-5).unwrap();
+    n.mark_output(y).unwrap();
+    assert!(equivalent(&w, &n, 2, 0).unwrap());
+    assert!(crate::fingerprint::field_decides_in_search(&w));
+    let mut n2 = KernelGraph::new();
+    let x = n2.new_input(&[8, 64], F).unwrap();
+    let y = n2.rms_norm(x, &[64], None, 1e-6).unwrap();
+    n2.mark_output(y).unwrap();
+    assert!(!equivalent(&w, &n2, 2, 0).unwrap());
+}

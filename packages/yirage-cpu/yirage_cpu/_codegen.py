@@ -283,6 +283,10 @@ def unary_expr(op: str, params: Sequence[float], x: str) -> str:
         if len(params) != 1:
             raise CodegenError(f"mul_scalar takes one parameter, got {list(params)}")
         return f"({x}) * {_flt(params[0])}"
+    if op == "add_scalar":
+        if len(params) != 1:
+            raise CodegenError(f"add_scalar takes one parameter, got {list(params)}")
+        return f"(({x}) + {_flt(params[0])})"
     if op == "clamp":
         if len(params) != 2:
             raise CodegenError(f"clamp takes two parameters (lo, hi), got {list(params)}")

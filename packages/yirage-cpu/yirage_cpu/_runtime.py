@@ -247,6 +247,8 @@ def _unary_np(op: str, params: Sequence[float], x: np.ndarray) -> Any:
             return -x
         if op == "mul_scalar":
             return x * np.float32(params[0])
+        if op == "add_scalar":
+            return x + np.float32(params[0])
         if op == "clamp":
             lo, hi = np.float32(params[0]), np.float32(params[1])
             return np.where(x < lo, lo, np.where(x > hi, hi, x))
@@ -328,6 +330,10 @@ def run_library_kernel(
             res = np.split(ins[0], int(params["chunks"]), axis=int(params["dim"]))[
                 int(params["index"])
             ]
+        elif op == "permute":
+            res = np.transpose(ins[0], [int(d) for d in params["perm"]])
+        elif op == "reshape":
+            res = np.reshape(ins[0], [int(d) for d in params["dims"]])
         elif op == "all_reduce":
             res = _all_reduce(ins[0], params)
         else:

@@ -47,6 +47,8 @@ def _unary(torch: Any, name: str, x: Any, prm: Sequence[float]) -> Any:
     }
     if name == "mul_scalar":
         return x * float(prm[0])
+    if name == "add_scalar":
+        return x + float(prm[0])
     if name == "clamp":
         return torch.clamp(x, float(prm[0]), float(prm[1]))
     return fns[name](x)
@@ -82,6 +84,10 @@ def _library(plan: Plan, k: LibraryKernel, bufs: dict[int, Any]) -> Any:
         y = torch.cat(xs, dim=int(p["dim"]))
     elif k.op == "chunk":
         y = torch.chunk(xs[0], int(p["chunks"]), dim=int(p["dim"]))[int(p["index"])]
+    elif k.op == "permute":
+        y = xs[0].permute(tuple(int(d) for d in p["perm"]))
+    elif k.op == "reshape":
+        y = xs[0].reshape(tuple(int(d) for d in p["dims"]))
     elif k.op == "all_reduce":
         from yirage.plugin import all_reduce
 

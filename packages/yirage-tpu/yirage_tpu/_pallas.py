@@ -558,6 +558,8 @@ def _unary(name: str, x: str, params: Sequence[float]) -> str:
         return rules[name]
     if name == "mul_scalar":
         return f"({x}) * {_fmt(params[0])}"
+    if name == "add_scalar":
+        return f"(({x}) + {_fmt(params[0])})"
     if name == "clamp":
         return f"jnp.clip({x}, {_fmt(params[0])}, {_fmt(params[1])})"
     raise CodegenError(f"the Pallas printer has no rule for unary op {name!r}")
@@ -621,6 +623,10 @@ def _library(k: LibraryKernel, plan: Plan) -> str:
         expr = f"jnp.concatenate([{', '.join(xs)}], axis={p['dim']})"
     elif op == "chunk":
         expr = f"jnp.array_split({xs[0]}, {p['chunks']}, axis={p['dim']})[{p['index']}]"
+    elif op == "permute":
+        expr = f"jnp.transpose({xs[0]}, {tuple(int(d) for d in p['perm'])})"
+    elif op == "reshape":
+        expr = f"jnp.reshape({xs[0]}, {tuple(int(d) for d in p['dims'])})"
     elif op == "all_reduce":
         if int(p.get("world_size", 1)) != 1:
             raise CodegenError(

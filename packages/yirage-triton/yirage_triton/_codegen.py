@@ -785,6 +785,7 @@ class _KernelPrinter:
             "tanh": f"2.0 * tl.sigmoid(2.0 * {xe}) - 1.0",
             "neg": f"-{xe}",
             "mul_scalar": f"{xe} * {_fmt_float(p[0]) if p else '1.0'}",
+            "add_scalar": f"({xe} + {_fmt_float(p[0]) if p else '0.0'})",
             "clamp": (
                 f"tl.minimum(tl.maximum({xe}, {_fmt_float(p[0])}), {_fmt_float(p[1])})"
                 if len(p) == 2

@@ -11,6 +11,11 @@ have the destination dtype go to torch as they are: its 16-bit kernels compute i
 round once, so the result is the same without the fp32 copies), except matmul, which
 multiplies in the 16-bit dtype of its operands when one is 16-bit (tensor cores, fp32
 accumulation inside cuBLAS) and in fp32 otherwise.
+
+A plan of library kernels alone (the search's baseline: the graph as it was written) runs
+*eagerly*: every op on its operands in the graph's dtype, intermediates in that dtype, the
+same torch calls in the same order as PyTorch eager runs the graph, so choosing the baseline
+is never slower than eager.
 """
 
 from __future__ import annotations
@@ -54,13 +59,18 @@ def _unary_torch(name: str, x: str, prm: list[float]) -> str:
     return table[name]
 
 
-def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[str]:
-    """Python lines computing library kernel ``k`` into its output buffer's name."""
+def library_lines(
+    plan: Plan, k: LibraryKernel, names: dict[int, str], *, eager: bool = False
+) -> list[str]:
+    """Python lines computing library kernel ``k`` into its output buffer's name; ``eager``:
+    as PyTorch eager would, in the operands' dtype (see the module doc)."""
     out_buf = plan.buffer(k.outputs[0])
     ins = [names[b] for b in k.inputs]
     p = k.params
     lines = [f"# library {k.op} {list(k.inputs)} -> {list(k.outputs)}"]
-    if k.op == "matmul":
+    if eager and k.op == "matmul":
+        expr = f"torch.matmul({ins[0]}, {ins[1]})"
+    elif k.op == "matmul":
         in_dtypes = {plan.buffer(b).dtype for b in k.inputs}
         low = [d for d in ("float16", "bfloat16") if d in in_dtypes]
         cd = TORCH_DTYPE[low[0]] if low else "torch.float32"
@@ -72,7 +82,7 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
     else:
         # torch computes 16-bit elementwise ops, sums, softmax and rms_norm in fp32 and
         # rounds once, so operands already in the destination dtype need no fp32 copies
-        native = all(plan.buffer(b).dtype == out_buf.dtype for b in k.inputs)
+        native = eager or all(plan.buffer(b).dtype == out_buf.dtype for b in k.inputs)
         f = list(ins) if native else [f"{x}.float()" for x in ins]
         if k.op == "unary":
             x = f[0]
@@ -115,10 +125,13 @@ def library_lines(plan: Plan, k: LibraryKernel, names: dict[int, str]) -> list[s
         else:  # pragma: no cover - validated by the parser
             raise CodegenError(f"library op {k.op!r} has no torch lowering")
     name = names[out_buf.id]
-    lines.append(
-        f"{name} = ({expr}).to({TORCH_DTYPE[out_buf.dtype]})"
-        f".reshape({tuple(out_buf.dims)}).contiguous()"
-    )
+    if eager and out_buf.role != "output":
+        lines.append(f"{name} = {expr}")
+    else:
+        lines.append(
+            f"{name} = ({expr}).to({TORCH_DTYPE[out_buf.dtype]})"
+            f".reshape({tuple(out_buf.dims)}).contiguous()"
+        )
     return lines
 
 
@@ -145,6 +158,9 @@ def launcher_lines(
     else:
         body.append("dev = torch.device('cuda', torch.cuda.current_device())")
     allocated = {b.id for b in plan.inputs}
+    eager = all(isinstance(k, LibraryKernel) for k in plan.kernels) and (
+        len({b.dtype for b in plan.inputs}) == 1
+    )
     for k in plan.kernels:
         if isinstance(k, LibraryKernel):
             if warmup:
@@ -156,7 +172,7 @@ def launcher_lines(
                             f"dtype={TORCH_DTYPE[b.dtype]}, device=dev)"
                         )
             else:
-                body += library_lines(plan, k, names)
+                body += library_lines(plan, k, names, eager=eager)
             allocated.update(k.outputs)
             continue
         stores = [g.shift_store for g in k.safe_softmax if g.shift_store is not None]

@@ -23,6 +23,8 @@ fn kernel_name(kind: &KernelOpKind) -> Option<&'static str> {
         KernelOpKind::Softmax { .. } => "softmax",
         KernelOpKind::Concat { .. } => "concat",
         KernelOpKind::Chunk { .. } => "chunk",
+        KernelOpKind::Permute { .. } => "permute",
+        KernelOpKind::Reshape { .. } => "reshape",
         KernelOpKind::AllReduce { .. } => "all_reduce",
         KernelOpKind::Customized { .. } => "customized",
     })

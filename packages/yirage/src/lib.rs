@@ -376,6 +376,14 @@ impl PyKernelGraph {
         guard(|| self.inner.chunk(parse_id("chunk", x)?, chunks, dim))
     }
 
+    fn permute(&mut self, x: i64, perm: Vec<i64>) -> PyResult<usize> {
+        guard(|| self.inner.permute(parse_id("permute", x)?, &perm))
+    }
+
+    fn reshape(&mut self, x: i64, dims: Vec<i64>) -> PyResult<usize> {
+        guard(|| self.inner.reshape(parse_id("reshape", x)?, &dims))
+    }
+
     fn customized(
         &mut self,
         inputs: Vec<i64>,

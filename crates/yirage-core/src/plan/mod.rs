@@ -607,6 +607,8 @@ fn library_kernel(
         ),
         // Sum over the ranks through the runtime's collective (docs/kernel-plan.md).
         KernelOpKind::AllReduce { .. } => ("all_reduce", json!({"world_size": world_size})),
+        KernelOpKind::Permute { perm, .. } => ("permute", json!({"perm": perm})),
+        KernelOpKind::Reshape { dims, .. } => ("reshape", json!({"dims": dims})),
         KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => return None,
     };
     Some(LibraryKernel {

@@ -130,6 +130,13 @@ pub fn lift_kernel_graph<B: AbsBuilder>(b: &mut B, g: &KernelGraph) -> Option<Ve
                 dim,
                 index,
             } => vec![b.node(AbsNode::Chunk(format!("{index}/{chunks}@{dim}"), v(*x)?))],
+            // layout ops: opaque, keyed by their parameters (the search does not fuse them)
+            KernelOpKind::Permute { x, perm } => {
+                vec![b.node(AbsNode::Un(format!("permute{perm:?}"), v(*x)?))]
+            }
+            KernelOpKind::Reshape { x, dims } => {
+                vec![b.node(AbsNode::Un(format!("reshape{dims:?}"), v(*x)?))]
+            }
             KernelOpKind::Customized { inputs, graph } => {
                 let ins = inputs.iter().map(|&x| v(x)).collect::<Option<Vec<_>>>()?;
                 lift_block(b, graph, &ins)?

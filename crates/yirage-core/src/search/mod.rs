@@ -525,6 +525,8 @@ impl Vocab {
                 }
                 KernelOpKind::Concat { .. } => v.unsupported.push("concat".into()),
                 KernelOpKind::Chunk { .. } => v.unsupported.push("chunk".into()),
+                KernelOpKind::Permute { .. } => v.unsupported.push("permute".into()),
+                KernelOpKind::Reshape { .. } => v.unsupported.push("reshape".into()),
                 KernelOpKind::AllReduce { .. } => v.unsupported.push("all_reduce".into()),
                 KernelOpKind::Customized { graph, .. } => {
                     for bop in graph.ops() {

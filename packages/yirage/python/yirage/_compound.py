@@ -8,9 +8,10 @@ shapes and the op order the search's presets expect.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from yirage._checks import check_float
+from yirage._checks import check_float, check_ints
 from yirage._errors import GraphError, ShapeError
 
 if TYPE_CHECKING:
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVATIONS",
     "gated_mlp",
+    "gemm_layernorm",
     "gemm_softmax",
+    "layer_norm",
     "lora_linear",
     "rms_norm_linear",
     "self_attention",
@@ -93,6 +96,72 @@ def gemm_softmax(g: KernelGraph, a: DTensor, b: DTensor, scale: float | None = N
     return g.softmax(s, -1)
 
 
+def _check_layer_norm(
+    x: DTensor,
+    shape: tuple[int, ...],
+    params: dict[str, DTensor | None],
+    eps: float,
+) -> float:
+    """Validate layer_norm's arguments; returns eps."""
+    n = len(shape)
+    if n == 0 or n > x.num_dims or tuple(x.dims[-n:]) != shape:
+        raise ShapeError(
+            f"layer_norm: normalized_shape {list(shape)} must be a suffix of the input's dims "
+            f"{list(x.dims)}, e.g. normalized_shape={list(x.dims[-1:])}"
+        )
+    e = check_float(eps, "eps", GraphError)
+    if e < 0.0:
+        raise GraphError(f"layer_norm: eps ({e}) must be ≥ 0, e.g. eps=1e-5")
+    for name, t in params.items():
+        if t is None:
+            continue
+        lead, tail = t.dims[: t.num_dims - n], t.dims[t.num_dims - n :]
+        if t.num_dims < n or tuple(tail) != shape or any(d != 1 for d in lead):
+            raise ShapeError(
+                f"layer_norm: {name} must have dims normalized_shape {list(shape)} (optionally "
+                f"with leading size-1 dims), got {list(t.dims)}"
+            )
+    return e
+
+
+def layer_norm(
+    g: KernelGraph,
+    x: DTensor,
+    normalized_shape: int | Sequence[int],
+    weight: DTensor | None = None,
+    bias: DTensor | None = None,
+    eps: float = 1e-5,
+) -> DTensor:
+    """``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias`` over the trailing
+    ``normalized_shape`` dims (the biased variance, as torch.nn.functional.layer_norm).
+
+    Built as ``rms_norm(x - mean(x), eps, weight) + bias``: the rms of the centred value is
+    the standard deviation, and every piece is a primitive that the fingerprints model
+    exactly and the search already fuses."""
+    shape = tuple(check_ints(normalized_shape, "normalized_shape", ShapeError))
+    e = _check_layer_norm(x, shape, {"weight": weight, "bias": bias}, eps)
+    total = x
+    for d in range(1, len(shape) + 1):
+        total = g.reduction(total, -d)
+    mean = g.mul_scalar(total, 1.0 / math.prod(shape))
+    y = g.rms_norm(g.sub(x, mean), shape, weight, e)
+    return y if bias is None else g.add(y, bias)
+
+
+def gemm_layernorm(
+    g: KernelGraph,
+    x: DTensor,
+    w: DTensor,
+    weight: DTensor | None = None,
+    bias: DTensor | None = None,
+    eps: float = 1e-5,
+) -> DTensor:
+    """``layer_norm(x @ w)`` over the output's last dim n (``w`` [h, n]; ``weight`` and
+    ``bias`` [n] if given): a linear layer followed by a LayerNorm, as in post-LN blocks."""
+    _contract(x, w, "gemm_layernorm")
+    return layer_norm(g, g.matmul(x, w), (w.dims[-1],), weight, bias, eps)
+
+
 def self_attention(
     g: KernelGraph,
     q: DTensor,
@@ -107,15 +176,15 @@ def self_attention(
 
     Grouped-query attention: put the query heads that share a key/value head along m (``q``
     [batch·kv_heads, q_heads/kv_heads, d]), so each key tile is read once for the group.
-    ``qk_norm``: RMS-normalise each query (over d, with ``eps``) and each key (over d, as
-    ``k / sqrt(mean(k²))``: the IR has no scalar add, so the key norm takes no epsilon)."""
+    ``qk_norm``: RMS-normalise each query and each key (over d, with ``eps``; the keys are
+    transposed, so their norm is ``k / sqrt(mean(k²) + eps)`` written out over dim -2)."""
     _contract(q, kt, "self_attention (q @ kt)")
     _contract(kt, v, "self_attention (scores @ v)")
     d = q.dims[-1]
     if qk_norm:
         q = g.rms_norm(q, (d,), eps=eps)
         mean_sq = g.mul_scalar(g.reduction(g.square(kt), -2), 1.0 / d)
-        kt = g.div(kt, g.sqrt(mean_sq))
+        kt = g.div(kt, g.sqrt(g.add_scalar(mean_sq, eps) if eps else mean_sq))
     factor = 1.0 / math.sqrt(d) if scale is None else check_float(scale, "scale", GraphError)
     scores = g.mul_scalar(g.matmul(q, kt), factor)
     return g.matmul(g.softmax(scores, -1), v)

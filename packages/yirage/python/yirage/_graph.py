@@ -182,6 +182,10 @@ class _ElementwiseOps(ABC, Generic[T]):
     def mul_scalar(self, x: T, scalar: float) -> T:
         return self._unary("mul_scalar", x, (check_float(scalar, "scalar", GraphError),))
 
+    def add_scalar(self, x: T, scalar: float) -> T:
+        """``x + scalar`` elementwise (subtract ``c`` with ``add_scalar(x, -c)``)."""
+        return self._unary("add_scalar", x, (check_float(scalar, "scalar", GraphError),))
+
     def add(self, a: T, b: T) -> T:
         return self._binary("add", a, b)
 
@@ -298,6 +302,27 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         n = check_int(chunks, "chunks", ShapeError)
         return [self._t(t) for t in self._g.chunk(xid, n, check_int(dim, "dim", ShapeError))]
 
+    def permute(self, x: DTensor, perm: Sequence[int]) -> DTensor:
+        """Reorder the dims: output dim ``i`` is ``x``'s dim ``perm[i]`` (elements move)."""
+        xid = self._id(x)
+        return self._t(self._g.permute(xid, check_ints(perm, "perm", ShapeError)))
+
+    def transpose(self, x: DTensor, dim0: int, dim1: int) -> DTensor:
+        """Swap two dims (a :meth:`permute`)."""
+        d0, d1 = check_int(dim0, "dim0", ShapeError), check_int(dim1, "dim1", ShapeError)
+        n = x.num_dims if isinstance(x, DTensor) else 0
+        perm = list(range(n))
+        if n and -n <= d0 < n and -n <= d1 < n:
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+        else:
+            perm = [d0, d1]  # the core names the out-of-range dim
+        return self.permute(x, perm)
+
+    def reshape(self, x: DTensor, dims: Sequence[int]) -> DTensor:
+        """The same elements in row-major order under ``dims`` (equal element count)."""
+        xid = self._id(x)
+        return self._t(self._g.reshape(xid, check_ints(dims, "dims", ShapeError)))
+
     def customized(self, inputs: Sequence[DTensor], tb: ThreadBlockGraph) -> list[DTensor]:
         """A graph-defined operator running the thread-block graph ``tb`` on ``inputs``."""
         if not isinstance(tb, ThreadBlockGraph):
@@ -309,6 +334,29 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         return [self._t(t) for t in self._g.customized(ids, tb._g)]
 
     # -- compound builders (yirage._compound): model blocks as the primitives above ---------
+    def layer_norm(
+        self,
+        x: DTensor,
+        normalized_shape: int | Sequence[int],
+        weight: DTensor | None = None,
+        bias: DTensor | None = None,
+        eps: float = 1e-5,
+    ) -> DTensor:
+        """``(x - mean) / sqrt(var + eps) * weight + bias`` over the trailing
+        ``normalized_shape`` dims (biased variance, as torch's layer_norm)."""
+        return _compound.layer_norm(self, x, normalized_shape, weight, bias, eps)
+
+    def gemm_layernorm(
+        self,
+        x: DTensor,
+        w: DTensor,
+        weight: DTensor | None = None,
+        bias: DTensor | None = None,
+        eps: float = 1e-5,
+    ) -> DTensor:
+        """``layer_norm(x @ w)`` over the last dim (``weight``, ``bias`` [n] if given)."""
+        return _compound.gemm_layernorm(self, x, w, weight, bias, eps)
+
     def rms_norm_linear(
         self, x: DTensor, w: DTensor, weight: DTensor | None = None, eps: float = _DEFAULT_EPS
     ) -> DTensor:

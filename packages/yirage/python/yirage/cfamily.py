@@ -432,6 +432,7 @@ class CFamilyPrinter:
             "tanh": f"{f('tanh')}({x})",
             "neg": f"-{x}",
             "mul_scalar": f"{x} * {self.flt(p[0]) if p else '1.0f'}",
+            "add_scalar": f"({x} + {self.flt(p[0]) if p else '0.0f'})",
             "clamp": (
                 f"{f('min')}({f('max')}({x}, {self.flt(p[0])}), {self.flt(p[1])})"
                 if len(p) == 2

@@ -58,9 +58,10 @@ UNARY_OPS = (
     "tanh",
     "neg",
     "mul_scalar",
+    "add_scalar",
     "clamp",
 )
-UNARY_NPARAMS = {"mul_scalar": 1, "clamp": 2}
+UNARY_NPARAMS = {"mul_scalar": 1, "add_scalar": 1, "clamp": 2}
 BINARY_OPS = ("add", "sub", "mul", "div", "pow")
 ACCUMS = ("iter", "sum", "rms", "sum_todimx")
 TILE_OPS = (
@@ -83,6 +84,8 @@ LIBRARY_OPS = (
     "softmax",
     "concat",
     "chunk",
+    "permute",
+    "reshape",
     "all_reduce",
 )
 PHASES = ("pre", "loop", "accum", "epilogue")
