@@ -54,6 +54,8 @@ def _unary_torch(name: str, x: str, prm: list[float]) -> str:
     }
     if name == "mul_scalar":
         return f"({x} * {fmt_float(prm[0])})"
+    if name == "add_scalar":
+        return f"({x} + {fmt_float(prm[0])})"
     if name == "clamp":
         return f"torch.clamp({x}, {fmt_float(prm[0])}, {fmt_float(prm[1])})"
     return table[name]
@@ -117,6 +119,10 @@ def library_lines(
             expr = (
                 f"torch.chunk({f[0]}, {int(p['chunks'])}, dim={int(p['dim'])})[{int(p['index'])}]"
             )
+        elif k.op == "permute":
+            expr = f"{f[0]}.permute({tuple(int(d) for d in p['perm'])})"
+        elif k.op == "reshape":
+            expr = f"{f[0]}.reshape({tuple(int(d) for d in p['dims'])})"
         elif k.op == "all_reduce":
             # the sum over the ranks through the calling thread's collective
             # (yirage.plugin.all_reduce: torch.distributed by default); a copy, never an input
