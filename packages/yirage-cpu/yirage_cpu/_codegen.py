@@ -1673,9 +1673,6 @@ static inline float yr_exp(float x) {
     return (x != x) ? x : y;
 }
 
-/* Threads OpenMP will use (reported by the runtime). */
-int yr_omp_max_threads(void) { return omp_get_max_threads(); }
-
 /* Threads of the next parallel region, written by the runtime before each call (it follows
  * the idle cores: yirage_cpu._threads); 0 or less: OpenMP's default. */
 int yr_nt = 0;
