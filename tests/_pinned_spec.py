@@ -1,7 +1,7 @@
 """The CPU DeviceSpec that tests asserting what the search finds pin (``device_spec=``).
 
 What the search finds depends on the DeviceSpec (the per-block tile budget above all: a
-2-core EPYC with 1 MiB of L2 gets 64 KiB per block and no single-kernel GQA decode), so a
+2-core EPYC with 1 MiB of L2 got 64 KiB per block and no single-kernel GQA decode), so a
 test that reads the host's spec passes or fails by machine. Tests that assert on candidates
 pin this one instead; only hardware-marked tests may depend on the host's spec. The code is
 still printed for, compiled on and run on the host.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import yirage as yr
 
-#: A 2-core CPU with 2 MiB of L2 per core (the CPU backend's tile budget: L2 / 16 = 128 KiB
-#: per block) and 512-bit SIMD.
+#: A 2-core CPU with 2 MiB of L2 per core, 128 KiB per block (the CPU backend's budget before
+#: it became half of L2; the tests' expectations were written for it) and 512-bit SIMD.
 REFERENCE_CPU = yr.DeviceSpec(
     name="reference test CPU (2 cores, 128 KiB per block, 2 MiB L2, 512-bit SIMD)",
     vendor="pinned",

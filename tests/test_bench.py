@@ -224,6 +224,33 @@ def test_cases_follow_targets() -> None:
         _harness.select_cases(["no_such_workload"], "cpu")
 
 
+def test_model_presets_are_cpu_model_sizes_in_float32_and_bfloat16() -> None:
+    """``--shapes model``: the four model-size cases of issue #32, each in float32 and
+    bfloat16 (named apart), at hidden 4096 and GQA decode kv 8192."""
+    cases, notes = _harness.select_cases("all", "model")
+    assert [c.name for c in cases] == [
+        "rmsnorm_linear_b8",
+        "rmsnorm_linear_b8_bf16",
+        "gated_mlp_b8",
+        "gated_mlp_b8_bf16",
+        "lora_b8",
+        "lora_b8_bf16",
+        "gqa_decode_b1_kv8192",
+        "gqa_decode_b1_kv8192_bf16",
+    ]
+    assert len(notes) == 3  # rms_norm, norm_transformer, qknorm_gqa have no model preset
+    dims = {c.name: c.workload.input_dims(c.preset) for c in cases}
+    assert dims["rmsnorm_linear_b8"] == [(8, 4096), (4096, 6144)]
+    assert dims["gated_mlp_b8_bf16"] == [(8, 4096), (4096, 11008), (4096, 11008)]
+    assert dims["lora_b8"] == [(8, 4096), (4096, 4096), (4096, 16), (16, 4096)]
+    assert dims["gqa_decode_b1_kv8192"] == [(2, 4, 128), (2, 128, 8192), (2, 8192, 128)]
+    assert {c.workload.dtype(c.preset).name for c in cases} == {"float32", "bfloat16"}
+    assert all(
+        c.workload.dtype(c.preset).name == ("bfloat16" if c.name.endswith("_bf16") else "float32")
+        for c in cases
+    )
+
+
 def test_batch_overrides_every_preset() -> None:
     cases, _ = _harness.select_cases(["rms_norm", "gqa_decode"], "gpu")
     batched = _harness.with_batch(cases, 4)

@@ -1,5 +1,9 @@
 """CPU DeviceSpec: queried live (cores, caches, SIMD width); there is no datasheet table.
 
+The cache hierarchy shapes the search: a block's tile budget (``shared_mem_per_block``) is
+half of a core's L2 (:func:`block_bytes`), ``l1d_bytes`` / ``l2_bytes`` / ``l3_bytes`` are the
+per-core L1d and L2 and the shared L3, which the core's CPU cost terms read.
+
 Linux: sysfs caches and /proc/cpuinfo flags. macOS: ``sysctl`` (``hw.*cachesize``, and on
 Intel Macs ``machdep.cpu.*features``). Bandwidth and peak FLOPS are not measured here and stay
 None. A CPU block is one single-threaded task on a core (``execution_model="cpu"``, no
@@ -133,21 +137,24 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-#: Bounds of the per-block tile budget (bytes): at least L1d, at most what the printer keeps
-#: on the stack (yirage_cpu._codegen keeps up to 256 KiB of tiles per block there).
-_MAX_BLOCK_BYTES = 256 * 1024
+#: Share of a core's L2 one block's tiles may take: the other half holds the panels the
+#: block streams (weight rows read in place, prefetched lines) and the stack.
+_L2_SHARE = 2
 
 
 def block_bytes(caches: dict[str, int]) -> int | None:
-    """Tile bytes one CPU "block" (a task on one core) may keep resident: a sixteenth of the
-    core's L2, within [L1d, 256 KiB]. Tiles stream through L1 from L2; limiting them to L1d
-    alone rules out the wide, row-contiguous weight tiles CPUs stream best (measured: 48 KiB
-    left the 2-core reference machine with 64-byte-row tiles and no fused attention)."""
+    """Tile bytes one CPU "block" (a task on one core) may keep resident: half of the
+    core's L2, at least L1d. A block's tiles (accumulators, converted or computed tiles)
+    are reused every for-loop iteration, so they must stay in L2; the tiles it streams are
+    read in place once. A fixed fraction like L2 / 16 left model sizes without fused
+    programs: RMSNorm + Linear at 8x4096x6144 needs ~300 KiB per block on 2 cores (an
+    8x3072 accumulator and a 16x3072 weight panel), attention at kv 4096 with 1024 query
+    rows ~400 KiB. Tiles above 256 KiB live in a per-thread heap scratch area, not on the
+    stack (yirage_cpu._codegen)."""
     l1, l2 = caches.get("L1d"), caches.get("L2")
     if l2 is None:
         return l1
-    budget = min(max(l2 // 16, l1 or 0), _MAX_BLOCK_BYTES)
-    return max(budget, l1 or 0)
+    return max(l2 // _L2_SHARE, l1 or 0)
 
 
 def device_spec() -> DeviceSpec:
@@ -174,6 +181,8 @@ def device_spec() -> DeviceSpec:
         max_threads_per_block=None,
         shared_mem_per_block=block_bytes(caches),
         l2_bytes=caches.get("L2"),
+        l1d_bytes=caches.get("L1d"),
+        l3_bytes=caches.get("L3"),
         mem_bandwidth_gbps=None,
         peak_tflops_fp16=None,
         peak_tflops_fp32=None,

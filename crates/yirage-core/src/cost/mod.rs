@@ -9,7 +9,8 @@
 //! * **memory**: bytes moved to/from device memory. A generated kernel reads every input
 //!   tile once per block (and once per loop iteration when the tile walks the for-loop),
 //!   so tiles replicated across blocks are re-read; re-reads of a tensor that fits in half
-//!   of the L2 cache are charged at L2 bandwidth ([`L2_SPEEDUP`] × DRAM), others at DRAM.
+//!   of the L2 cache (of a CPU's L3 when the spec gives one, see [`cpu_cache`]) are charged
+//!   at cache bandwidth ([`L2_SPEEDUP`] × DRAM), others at DRAM.
 //! * **compute**: matmul flops at the matrix-unit peak (fp16 peak when the dtype is 16-bit
 //!   and the device has a matrix tile, else the fp32 peak) divided by the *tile efficiency*
 //!   (the fraction of each matrix-unit tile the block tile fills); other flops at a quarter
@@ -84,6 +85,7 @@
 use serde::Serialize;
 
 pub mod collective;
+pub mod cpu_cache;
 mod spec;
 pub use collective::{CollectiveKind, CollectiveProfile};
 pub use spec::{DeviceSpec, ExecutionModel};
@@ -342,7 +344,7 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         };
         let unique = r.unique_bytes.min(r.total_bytes);
         let reread = (r.total_bytes - unique).max(0.0);
-        let reread_bw = if r.unique_bytes <= spec.l2_bytes as f64 / 2.0 {
+        let reread_bw = if r.unique_bytes <= cpu_cache::reread_cached_bytes(spec) {
             bw * L2_SPEEDUP
         } else {
             bw

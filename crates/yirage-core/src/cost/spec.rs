@@ -108,6 +108,15 @@ pub struct DeviceSpec {
     /// Fixed cost (µs) of one ring step of a collective; None: the link's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub link_latency_us: Option<f64>,
+    /// L1 data cache of one core (bytes; CPUs): the CPU cost terms of [`super::cpu_cache`].
+    /// None: not known (the terms that need it are left out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub l1d_bytes: Option<u64>,
+    /// Last-level cache shared by all cores (bytes; a CPU's L3, where `l2_bytes` is the
+    /// per-core L2): re-reads of tensors that fit in it run from cache (see
+    /// [`super::cpu_cache`]). None: not known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub l3_bytes: Option<u64>,
 }
 
 /// The JSON as sent, before `execution_model` is resolved and the limits are checked.
@@ -134,6 +143,10 @@ struct RawDeviceSpec {
     link_bandwidth_gbps: Option<f64>,
     #[serde(default)]
     link_latency_us: Option<f64>,
+    #[serde(default)]
+    l1d_bytes: Option<u64>,
+    #[serde(default)]
+    l3_bytes: Option<u64>,
 }
 
 impl TryFrom<RawDeviceSpec> for DeviceSpec {
@@ -160,6 +173,8 @@ impl TryFrom<RawDeviceSpec> for DeviceSpec {
             tiling: raw.tiling,
             link_bandwidth_gbps: raw.link_bandwidth_gbps,
             link_latency_us: raw.link_latency_us,
+            l1d_bytes: raw.l1d_bytes,
+            l3_bytes: raw.l3_bytes,
         };
         spec.validate()?;
         Ok(spec)
@@ -194,7 +209,8 @@ impl DeviceSpec {
                  max_threads_per_block, shared_mem_per_block, l2_bytes, mem_bandwidth_gbps, \
                  peak_tflops_fp16, peak_tflops_fp32, matrix_tile ([m,n,k] or null), vendor, \
                  execution_model (simt, cpu or tile) and optionally launch_overhead_us, \
-                 tiling ([sublane, lane]), link_bandwidth_gbps and link_latency_us"
+                 tiling ([sublane, lane]), link_bandwidth_gbps, link_latency_us, l1d_bytes \
+                 and l3_bytes"
             ))
         })?;
         DeviceSpec::try_from(raw)
@@ -248,7 +264,20 @@ impl DeviceSpec {
                 return bad("tiling entries [sublane, lane] must be ≥ 1");
             }
         }
-        self.validate_links()
+        self.validate_links()?;
+        self.validate_caches()
+    }
+
+    /// The optional cache sizes, when given, must be ≥ 1 byte.
+    fn validate_caches(&self) -> Result<()> {
+        for (n, v) in [("l1d_bytes", self.l1d_bytes), ("l3_bytes", self.l3_bytes)] {
+            if v == Some(0) {
+                return Err(spec_error(&format!(
+                    "{n} must be ≥ 1 byte, or null when the cache size is not known"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The optional link figures, when given, must be finite (bandwidth > 0, latency ≥ 0).
@@ -354,6 +383,8 @@ impl DeviceSpec {
             tiling: None,
             link_bandwidth_gbps: None,
             link_latency_us: None,
+            l1d_bytes: None,
+            l3_bytes: None,
         }
     }
 
@@ -375,6 +406,8 @@ impl DeviceSpec {
             tiling: None,
             link_bandwidth_gbps: None,
             link_latency_us: None,
+            l1d_bytes: None,
+            l3_bytes: None,
         }
     }
 }

@@ -59,6 +59,10 @@ class DeviceSpec:
     ``sublane * 4 // element bytes`` (16 for 16-bit) or the whole dim. The search proposes
     only such tiles and :meth:`block_error` names the rule a block breaks. None: any tile
     that divides the tensor.
+
+    ``l1d_bytes`` and ``l3_bytes`` (CPUs) are a core's L1 data cache and the L3 all cores
+    share (``l2_bytes`` is then the per-core L2); the core's CPU cost terms read them. None:
+    not known.
     """
 
     name: str
@@ -78,6 +82,8 @@ class DeviceSpec:
     launch_overhead_us: float | None = None
     source: Literal["table", "live", "table+live"] = "table"
     tiling: tuple[int, int] | None = None
+    l1d_bytes: int | None = None
+    l3_bytes: int | None = None
     #: Device-to-device link bandwidth (GB/s per direction) and per-step latency (µs) of a
     #: collective's ring, and the board power (W); see :func:`_check_links`.
     link_bandwidth_gbps: float | None = None

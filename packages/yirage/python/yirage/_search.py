@@ -52,6 +52,8 @@ _CACHE_FORMAT = "yirage.search_cache"
 _CACHE_VERSION = 2
 #: Optional link figures of the core's spec (collective costs); power stays in Python.
 _LINK_FIELDS = ("link_bandwidth_gbps", "link_latency_us")
+#: Optional cache sizes of a CPU (the core's CPU cost terms).
+_CACHE_FIELDS = ("l1d_bytes", "l3_bytes")
 _SPEC_FIELDS = (
     "compute_units",
     "warp_size",
@@ -294,7 +296,7 @@ def device_spec_json(spec: Any, backend: str | None = None) -> tuple[str, list[s
     ``execution_model`` instead, deriving it from that name only for specs without one."""
     d = _as_dict(spec)
     out: dict[str, Any] = {k: d.get(k) for k in _SPEC_FIELDS}
-    for key in ("launch_overhead_us", "execution_model", "tiling", *_LINK_FIELDS):
+    for key in ("launch_overhead_us", "execution_model", "tiling", *_LINK_FIELDS, *_CACHE_FIELDS):
         if d.get(key) is not None:
             out[key] = d[key]
     vendor = (backend or out.get("vendor") or "unknown").lower()

@@ -2,7 +2,9 @@
 reference, optional expert kernel, and shape presets.
 
 Presets: ``"gpu"`` is the full size in float16, ``"cpu"`` the reduced CPU size in
-float32; some workloads have further named presets (e.g. ``"gpu_b1"``, ``"paper"``). The
+float32, ``"model"`` / ``"model_bf16"`` model sizes (hidden 4096, GQA decode at kv 8192) in
+float32 / bfloat16 for CPUs; some workloads have further named presets (e.g. ``"gpu_b1"``,
+``"paper"``). The
 graph builder and the reference function take the same tensors in the same layout, so a
 benchmark can feed one set of inputs to yirage, to the reference (PyTorch eager or
 ``torch.compile``) and to the expert kernel.
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from yirage._dtypes import DType, float16, float32
+from yirage._dtypes import DType, bfloat16, float16, float32
 from yirage._errors import YirageError
 from yirage._graph import KernelGraph, new_kernel_graph
 
@@ -297,6 +299,8 @@ _GQA_SHAPES: dict[str, dict[str, Any]] = {
     "cpu": _gqa_shapes(2, 1024, float32),
     "gpu": _gqa_shapes(8, 4096, float16),
     "gpu_kv16384": _gqa_shapes(8, 16384, float16),
+    "model": _gqa_shapes(1, 8192, float32),
+    "model_bf16": _gqa_shapes(1, 8192, bfloat16),
 }
 
 
@@ -311,6 +315,12 @@ WORKLOADS: dict[str, Workload] = {
                 "gpu": {"b": 8, "h": 4096, "n": 6144, "dtype": float16},
                 "gpu_b1": {"b": 1, "h": 4096, "n": 6144, "dtype": float16},
                 "gpu_b16": {"b": 16, "h": 4096, "n": 6144, "dtype": float16},
+                "prefill_256": {"b": 256, "h": 4096, "n": 4096, "dtype": float16},
+                "prefill_1024": {"b": 1024, "h": 4096, "n": 4096, "dtype": float16},
+                "prefill_4096": {"b": 4096, "h": 4096, "n": 4096, "dtype": float16},
+                "ragged": {"b": 8, "h": 4000, "n": 5000, "dtype": float16},
+                "model": {"b": 8, "h": 4096, "n": 6144, "dtype": float32},
+                "model_bf16": {"b": 8, "h": 4096, "n": 6144, "dtype": bfloat16},
             },
             _rmsnorm_linear_graph,
             _rmsnorm_linear_ref,
@@ -348,6 +358,12 @@ WORKLOADS: dict[str, Workload] = {
                 "gpu": {"b": 8, "h": 4096, "n": 4096, "dtype": float16},
                 "gpu_b1": {"b": 1, "h": 4096, "n": 4096, "dtype": float16},
                 "gpu_b16": {"b": 16, "h": 4096, "n": 4096, "dtype": float16},
+                "prefill_256": {"b": 256, "h": 4096, "n": 4096, "dtype": float16},
+                "prefill_1024": {"b": 1024, "h": 4096, "n": 4096, "dtype": float16},
+                "prefill_4096": {"b": 4096, "h": 4096, "n": 4096, "dtype": float16},
+                "ragged": {"b": 8, "h": 4000, "n": 5000, "dtype": float16},
+                "model": {"b": 8, "h": 4096, "n": 11008, "dtype": float32},
+                "model_bf16": {"b": 8, "h": 4096, "n": 11008, "dtype": bfloat16},
             },
             _gated_mlp_graph,
             _gated_mlp_ref,
@@ -361,6 +377,8 @@ WORKLOADS: dict[str, Workload] = {
                 "gpu": {"b": 16, "h": 4096, "n": 4096, "r": 16, "dtype": float16},
                 "gpu_b1": {"b": 1, "h": 4096, "n": 4096, "r": 16, "dtype": float16},
                 "paper": {"b": 16, "h": 256, "n": 4096, "r": 16, "dtype": float16},
+                "model": {"b": 8, "h": 4096, "n": 4096, "r": 16, "dtype": float32},
+                "model_bf16": {"b": 8, "h": 4096, "n": 4096, "r": 16, "dtype": bfloat16},
             },
             _lora_graph,
             _lora_ref,
@@ -380,7 +398,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload(
             "qknorm_gqa",
             "rms_norm over d of Q and K per head, then GQA decode",
-            {k: v for k, v in _GQA_SHAPES.items() if k != "gpu_kv16384"},
+            {k: v for k, v in _GQA_SHAPES.items() if k in ("cpu", "gpu")},
             _qknorm_graph,
             _qknorm_ref,
             search_config="attention",

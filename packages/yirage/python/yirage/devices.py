@@ -204,13 +204,11 @@ _VENDOR_ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
 
 # -- common CPUs ----------------------------------------------------------------------------------
 
-#: The CPU backend's per-block tile budget (``yirage_cpu``: a sixteenth of a core's L2, within
-#: [L1d, 256 KiB]), so a table CPU is searched as the CPU backend would search it live.
-_CPU_BLOCK_MAX = 256 * 1024
-
 
 def _cpu_block_bytes(l1d: int, l2: int) -> int:
-    return max(min(max(l2 // 16, l1d), _CPU_BLOCK_MAX), l1d)
+    """The CPU backend's per-block tile budget (``yirage_cpu``: half of a core's L2, at least
+    L1d), so a table CPU is searched as the CPU backend would search it live."""
+    return max(l2 // 2, l1d)
 
 
 def _cpu(
@@ -237,6 +235,7 @@ def _cpu(
         max_threads_per_block=None,
         shared_mem_per_block=_cpu_block_bytes(l1d, l2),
         l2_bytes=l2,
+        l1d_bytes=l1d,
         mem_bandwidth_gbps=channels * mts * 8 / 1000,
         peak_tflops_fp16=None,
         peak_tflops_fp32=None,
@@ -497,6 +496,8 @@ _OPTIONAL = (
     "tiling",
     "link_bandwidth_gbps",
     "link_latency_us",
+    "l1d_bytes",
+    "l3_bytes",
 )
 #: DeviceSpec fields the core's spec JSON does not take.
 _NOT_CORE = ("name", "arch", "simd_width_bits", "source", "power_watts")

@@ -80,13 +80,16 @@ class Case:
 
     @property
     def name(self) -> str:
-        """``<workload>_b<b>[_kv<kv>]`` from the preset's sizes."""
+        """``<workload>_b<b>[_kv<kv>][_bf16]`` from the preset's sizes and dtype (bfloat16
+        is named, so a float32 and a bfloat16 case of one size are two rows)."""
         s = self.shape
         parts = [str(self.workload.name)]
         if "b" in s:
             parts.append(f"b{s['b']}")
         if "kv" in s:
             parts.append(f"kv{s['kv']}")
+        if getattr(s.get("dtype"), "name", None) == "bfloat16":
+            parts.append("bf16")
         return "_".join(parts)
 
 
