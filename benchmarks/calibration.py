@@ -186,6 +186,26 @@ def _device(backend: str) -> tuple[str, str, Any, list[str]]:
     return name, slug, None, []
 
 
+def repeated(runs: Sequence[Sequence[Row]]) -> list[Row]:
+    """One row per candidate profiled in every run (same index and description), with the
+    median of its measured times: a busy machine's single timings swing by tens of percent."""
+    if len(runs) == 1:
+        return list(runs[0])
+
+    def key(r: Row) -> tuple[int, str]:
+        return (r.index, r.description)
+
+    common = set.intersection(*({key(r) for r in run} for run in runs))
+    out = []
+    for first in runs[0]:
+        if key(first) not in common:
+            continue
+        times = [r.measured_us for run in runs for r in run if key(r) == key(first)]
+        m = median(times)
+        out.append(replace(first, measured_us=m, rel_err=rel_error(first.predicted_us, m)))
+    return out
+
+
 def _load() -> float | None:
     """The 1-minute load average (None where the OS has none): a busy machine's timings
     are noisy, so the table states it."""
@@ -213,8 +233,9 @@ def markdown(summaries: Sequence[Summary], meta: dict[str, Any]) -> str:
         "Every profiled candidate of each bench workload (superoptimize, top_k "
         f"{meta['top_k']}, cache off, the library baseline included): the cost model's "
         "prediction for the search's device spec against the measured time of its fastest "
-        "variant. Spearman: rank correlation of predicted and measured times (n/a with "
-        "fewer than 3 candidates or a constant side). Relative error: |predicted - "
+        f"variant (the median over {meta['repeats']} superoptimize run(s), candidates "
+        "profiled in all of them). Spearman: rank correlation of predicted and measured "
+        "times (n/a with fewer than 3 candidates or a constant side). Relative error: |predicted - "
         "measured| / measured. Pick: the measured rank of the candidate the model ranks "
         "first (1 = it is the fastest measured). Per-candidate rows: calibration.csv.",
         "",
@@ -280,6 +301,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--top-k", type=int, default=8, help="fused candidates profiled per workload")
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="superoptimize each workload this many times; measured: the median",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=DEFAULT_OUT,
@@ -306,7 +333,12 @@ def main(argv: Sequence[str] | None = None) -> Path:
     t0 = time.perf_counter()
     for name in names:
         try:
-            got = profile_workload(name, preset, args.backend, args.top_k, spec)
+            got = repeated(
+                [
+                    profile_workload(name, preset, args.backend, args.top_k, spec)
+                    for _ in range(args.repeats)
+                ]
+            )
         except YirageError as exc:
             skipped.append(f"{name} ({type(exc).__name__}: {exc})")
             print(f"{name}: skipped, {exc}", flush=True)
@@ -327,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "backend": args.backend,
         "preset": preset,
         "top_k": args.top_k,
+        "repeats": args.repeats,
         "command": shlex.join(
             ["python", "benchmarks/calibration.py", *(sys.argv[1:] if argv is None else argv)]
         ),

@@ -61,6 +61,16 @@ def test_relative_errors_and_the_summary() -> None:
     assert s.median_rel_err == pytest.approx(0.9) and s.max_rel_err == pytest.approx(1 - 1 / 30)
 
 
+def test_repeated_runs_keep_the_median_time_of_candidates_profiled_in_all() -> None:
+    def row(i: int, meas: float) -> object:
+        return cal.Row("w", "cpu", i, False, False, 2.0, meas, cal.rel_error(2.0, meas), f"c{i}")
+
+    runs = [[row(0, 1.0), row(1, 5.0)], [row(0, 4.0), row(1, 6.0)], [row(0, 3.0)]]
+    (only,) = cal.repeated(runs)  # candidate 1 was not profiled in the third run
+    assert only.index == 0 and only.measured_us == 3.0 and only.rel_err == pytest.approx(1 / 3)
+    assert cal.repeated([runs[0]]) == runs[0]
+
+
 def test_a_tiny_cpu_run_writes_the_table_of_its_own_rows(tmp_path: Path) -> None:
     folder = cal.main(
         ["--backend", "cpu", "--workloads", "rms_norm", "--top-k", "2", "--out", str(tmp_path)]
