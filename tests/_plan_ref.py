@@ -197,6 +197,8 @@ def run_library(k: dict[str, Any], bufs: dict[int, np.ndarray]) -> None:
         r = np.concatenate(x, axis=p["dim"])
     elif op == "chunk":
         r = np.array_split(x[0], p["chunks"], axis=p["dim"])[p["index"]]
+    elif op == "reduce_max":
+        r = x[0].max(axis=p["dim"], keepdims=True)
     elif op == "permute":
         r = np.transpose(x[0], p["perm"])
     elif op == "reshape":

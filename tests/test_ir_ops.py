@@ -1,5 +1,5 @@
-"""IR ops for real model blocks: add_scalar, permute/transpose, reshape, layer_norm (a compound
-of primitives) and RoPE written with chunk/neg/concat/mul/add. Each is checked against a
+"""IR ops for real model blocks: add_scalar, permute/transpose, reshape, reduce_max, layer_norm
+(a compound of primitives) and RoPE written with chunk/neg/concat/mul/add. Each is checked against a
 float64 numpy reference in the evaluator and on the CPU backend, by fingerprints that must
 agree and must disagree, and by errors that name the fix."""
 
@@ -129,6 +129,33 @@ def test_layout_errors_name_the_fix() -> None:
         g.reshape(x, (5, 5))
 
 
+# -- reduce_max --------------------------------------------------------------------------------
+
+
+def test_reduce_max_matches_numpy_and_the_safe_softmax_is_the_softmax() -> None:
+    g, (x,) = _graph((3, 5, 7))
+    g.mark_output(g.reduce_max(x, 1))
+    g.mark_output(g.reduce_max(x, -1))
+    a = RNG.standard_normal((3, 5, 7))
+    a[0, 0, 0] = np.nan
+    m1, m2 = g.evaluate([a])
+    np.testing.assert_array_equal(m1, np.max(a, axis=1, keepdims=True))
+    np.testing.assert_array_equal(m2, np.max(a, axis=-1, keepdims=True))
+    s, (y,) = _graph((4, 16))
+    e = s.exp(s.sub(y, s.reduce_max(y, -1)))
+    s.mark_output(s.div(e, s.reduction(e, -1)))
+    p, (z,) = _graph((4, 16))
+    p.mark_output(p.softmax(z, -1))
+    assert yr.equivalent(s, p)
+    q, (w,) = _graph((4, 16))
+    q.mark_output(q.reduce_max(w, 0))  # another dim
+    r, (v,) = _graph((4, 16))
+    r.mark_output(r.reduction(v, 0))
+    assert not yr.equivalent(q, r)
+    with pytest.raises(yr.ShapeError, match="out of range"):
+        q.reduce_max(w, 2)
+
+
 # -- layer_norm ---------------------------------------------------------------------------------
 
 
@@ -215,25 +242,29 @@ def test_rope_evaluates_to_its_definition() -> None:
     xs = _rope_inputs(2, 8, 16)
     (out,) = _rope_graph(2, 8, 16).evaluate(xs)
     np.testing.assert_allclose(out, _rope_ref(*xs), rtol=1e-12, atol=1e-12)
-    # RoPE preserves the norm of every rotated pair
-    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(xs[0], axis=-1))
+    # RoPE preserves norms (up to the float32 rounding of the cos/sin tables)
+    np.testing.assert_allclose(
+        np.linalg.norm(out, axis=-1), np.linalg.norm(xs[0], axis=-1), rtol=1e-6
+    )
 
 
 # -- the CPU backend and the Triton interpreter --------------------------------------------------
 
 
 def _layout_graph() -> yr.KernelGraph:
-    """transpose, reshape, add_scalar and layer_norm in one graph (library kernels)."""
+    """transpose, reshape, add_scalar, reduce_max and layer_norm in one graph (library
+    kernels)."""
     g, (x, w, b) = _graph((4, 8, 16), (32,), (32,))
     t = g.reshape(g.transpose(x, 0, 1), (8, 4, 16))
     y = g.add_scalar(g.reshape(t, (8, 2, 32)), 0.5)
+    y = g.sub(y, g.reduce_max(y, 1))
     g.mark_output(g.layer_norm(y, 32, w, b))
     return g
 
 
 def _layout_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> Any:
     y = x.astype(np.float64).swapaxes(0, 1).reshape(8, 2, 32) + 0.5
-    return _layer_norm(y, 1, w, b)
+    return _layer_norm(y - y.max(axis=1, keepdims=True), 1, w, b)
 
 
 def _layout_inputs() -> list[np.ndarray]:

@@ -317,6 +317,23 @@ pub fn reduce_groups<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize, k: usize) ->
     Dense { dims, data }
 }
 
+/// Max over `dim`, keepdim ([`Domain::max_of`] of each row).
+pub fn reduce_max<D: Domain>(d: &D, x: &Dense<D::V>, dim: usize) -> Dense<D::V> {
+    let (outer, len, inner) = around(&x.dims, dim);
+    let mut dims = x.dims.clone();
+    dims[dim] = 1;
+    let mut data = Vec::with_capacity(outer * inner);
+    let mut row = Vec::with_capacity(len);
+    for o in 0..outer {
+        for i in 0..inner {
+            row.clear();
+            row.extend((0..len).map(|l| x.data[o * len * inner + l * inner + i]));
+            data.push(d.max_of(&row));
+        }
+    }
+    Dense { dims, data }
+}
+
 /// `Σ x²` over the last dim, keepdim (used by rms norm and the rms accumulator).
 pub fn sum_squares_last<D: Domain>(d: &D, x: &Dense<D::V>) -> Dense<D::V> {
     let r = x.dims.len();

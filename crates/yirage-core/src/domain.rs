@@ -53,6 +53,10 @@ pub trait Domain: Sync {
         let _ = row;
         None
     }
+    /// The largest of `row`'s values (a max-reduction; the row is never empty). f64 propagates
+    /// NaN as torch.amax does; the field, which has no order, takes a seeded random
+    /// function of the row's values that does not depend on their order.
+    fn max_of(&self, row: &[Self::V]) -> Self::V;
     /// Whether `a / b` is exactly `a · recip(b)` here (the field; not f64, which rounds),
     /// so a broadcast divisor can be inverted once per element.
     fn divides_by_reciprocal(&self) -> bool {

@@ -198,6 +198,7 @@ fn run_op<D: Domain>(
         KernelOpKind::Unary { op, x } => one(unary_signed(d, *op, get(vals, *x)?, signs[*x])),
         KernelOpKind::Binary { op, a, b } => one(binary_op(d, *op, (*a, *b), vals)?),
         KernelOpKind::Reduction { x, dim } => one(dense::reduce_sum(d, get(vals, *x)?, *dim)),
+        KernelOpKind::ReduceMax { x, dim } => one(dense::reduce_max(d, get(vals, *x)?, *dim)),
         KernelOpKind::RmsNorm {
             x,
             normalized_shape,
@@ -333,6 +334,7 @@ pub fn tensor_signs(g: &KernelGraph) -> Vec<Sign> {
             | KernelOpKind::Chunk { x, .. }
             | KernelOpKind::Permute { x, .. }
             | KernelOpKind::Reshape { x, .. }
+            | KernelOpKind::ReduceMax { x, .. }
             | KernelOpKind::AllReduce { x } => vec![s[*x]],
             KernelOpKind::RmsNorm { x, weight, .. } => {
                 vec![weight.map_or(s[*x], |w| s[*x].min(s[w]))]

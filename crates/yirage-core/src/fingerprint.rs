@@ -18,7 +18,7 @@
 //!
 //! Uninterpreted ops (seeded random functions of their input value(s), the same function in
 //! every graph for the same op, parameters and trial): silu, gelu, relu, sigmoid, tanh,
-//! clamp(lo, hi), pow(a, b), and sqrt of a value not proven ≥ 0 (rsqrt: its inverse). They
+//! clamp(lo, hi), pow(a, b), reduce_max (of the row's values in sorted order), and sqrt of a value not proven ≥ 0 (rsqrt: its inverse). They
 //! are sound: equal inputs give equal outputs, but no algebraic identity of them (e.g.
 //! silu(x) = x·sigmoid(x)) is recognised.
 //!
@@ -133,6 +133,8 @@ const POW_TAG: u64 = 7;
 const EXP_TAG: u64 = 8;
 /// Tag of the square root of a value whose sign is not known to be ≥ 0.
 const SQRT_TAG: u64 = 9;
+/// Tag of a max-reduction (a symmetric function of its row).
+const MAX_TAG: u64 = 10;
 
 impl Domain for FieldDomain {
     type V = Fv;
@@ -212,6 +214,18 @@ impl Domain for FieldDomain {
                 })
             }
         }
+    }
+    /// A seeded random function of the row's values in sorted order (the field has no order:
+    /// equal multisets give equal results, nothing else is known; a one-element row is
+    /// its value).
+    fn max_of(&self, row: &[Fv]) -> Fv {
+        if let [v] = row {
+            return *v;
+        }
+        let mut vals: Vec<(u32, u32)> = row.iter().map(|v| (v.p, v.q)).collect();
+        vals.sort_unstable();
+        let args: Vec<Fv> = vals.into_iter().map(|(p, q)| Fv { p, q }).collect();
+        uf_apply(self.uf_key(MAX_TAG, &[]), &args)
     }
     fn binary(&self, op: BinaryOp, a: Fv, b: Fv) -> Fv {
         match op {

@@ -102,6 +102,10 @@ enum KernelOpDoc {
         x: u64,
         perm: Vec<i64>,
     },
+    ReduceMax {
+        x: u64,
+        dim: i64,
+    },
     Reshape {
         x: u64,
         dims: Vec<i64>,
@@ -307,6 +311,10 @@ fn op_doc(kind: &KernelOpKind, t: impl Fn(usize) -> u64) -> KernelOpDoc {
             block_graph: block_doc(graph),
         },
         KernelOpKind::AllReduce { x } => KernelOpDoc::AllReduce { x: t(*x) },
+        KernelOpKind::ReduceMax { x, dim } => KernelOpDoc::ReduceMax {
+            x: t(*x),
+            dim: *dim as i64,
+        },
         KernelOpKind::Permute { x, perm } => KernelOpDoc::Permute {
             x: t(*x),
             perm: dims_i(perm),
@@ -526,6 +534,7 @@ pub fn from_json(s: &str) -> Result<KernelGraph> {
                 .map(|_| ()),
             KernelOpDoc::AllReduce { x } => g.all_reduce(id(*x)).map(|_| ()),
             KernelOpDoc::Permute { x, perm } => g.permute(id(*x), perm).map(|_| ()),
+            KernelOpDoc::ReduceMax { x, dim } => g.reduce_max(id(*x), *dim).map(|_| ()),
             KernelOpDoc::Reshape { x, dims } => g.reshape(id(*x), dims).map(|_| ()),
         };
         r.map_err(|e| e.context(format!("from_json: op #{k}")))?;

@@ -54,6 +54,11 @@ pub enum KernelOpKind {
         x: TensorId,
         dim: usize,
     },
+    /// Max over `dim`, keepdim (a library op, a boundary for the search).
+    ReduceMax {
+        x: TensorId,
+        dim: usize,
+    },
     /// `x / sqrt(mean(x²) over the trailing normalized dims + eps) * weight`.
     RmsNorm {
         x: TensorId,
@@ -112,6 +117,7 @@ impl KernelOpKind {
             | KernelOpKind::AllReduce { x }
             | KernelOpKind::Permute { x, .. }
             | KernelOpKind::Reshape { x, .. }
+            | KernelOpKind::ReduceMax { x, .. }
             | KernelOpKind::Chunk { x, .. } => vec![*x],
             KernelOpKind::RmsNorm { x, weight, .. } => {
                 let mut v = vec![*x];
@@ -449,6 +455,16 @@ impl KernelGraph {
         ))
     }
 
+    /// Max of `x` over `dim`, kept with size 1.
+    pub fn reduce_max(&mut self, x: TensorId, dim: i64) -> Result<TensorId> {
+        let what = format!("reduce_max(t{x}, dim={dim})");
+        let t = self.tensor(x)?.clone();
+        let d = norm_dim(&what, dim, t.dims.len())?;
+        let mut dims = t.dims.clone();
+        dims[d] = 1;
+        Ok(self.push1(KernelOpKind::ReduceMax { x, dim: d }, dims, t.dtype))
+    }
+
     /// Reorder the dims of `x`: output dim `i` is input dim `perm[i]` (negative entries count
     /// from the end); `perm` must name every dim exactly once.
     pub fn permute(&mut self, x: TensorId, perm: &[i64]) -> Result<TensorId> {
@@ -571,6 +587,7 @@ impl KernelGraph {
             KernelOpKind::Unary { op, x } => one(self.unary(*op, m(*x)?)),
             KernelOpKind::Binary { op, a, b } => one(self.binary(*op, m(*a)?, m(*b)?)),
             KernelOpKind::Reduction { x, dim: d } => one(self.reduction(m(*x)?, dim(*x, *d))),
+            KernelOpKind::ReduceMax { x, dim: d } => one(self.reduce_max(m(*x)?, dim(*x, *d))),
             KernelOpKind::RmsNorm {
                 x,
                 normalized_shape,
@@ -656,6 +673,7 @@ impl KernelGraph {
                 }
                 KernelOpKind::Binary { op, a, b } => format!("{}(t{a}, t{b})", op.name()),
                 KernelOpKind::Reduction { x, dim } => format!("reduction(t{x}, dim={dim})"),
+                KernelOpKind::ReduceMax { x, dim } => format!("reduce_max(t{x}, dim={dim})"),
                 KernelOpKind::RmsNorm {
                     x,
                     normalized_shape,

@@ -119,6 +119,18 @@ impl Domain for F64 {
     fn softmax_shift(&self, row: &mut dyn Iterator<Item = f64>) -> Option<f64> {
         row.filter(|v| v.is_finite()).reduce(f64::max)
     }
+    fn max_of(&self, row: &[f64]) -> f64 {
+        row.iter()
+            .copied()
+            .reduce(|m, v| {
+                if !m.is_nan() && (v.is_nan() || v > m) {
+                    v
+                } else {
+                    m
+                }
+            })
+            .unwrap_or(f64::NAN)
+    }
 }
 
 /// Evaluate `graph` in float64 on `inputs` (one per graph input, matching dims).
@@ -520,6 +532,22 @@ impl Domain for BallDomain {
                     )
                 })
             }
+        }
+    }
+    /// The max of the centres with the largest radius: every real max lies within it.
+    fn max_of(&self, row: &[Ball]) -> Ball {
+        if row.iter().any(|b| b.is_unknown()) {
+            return Ball::UNKNOWN;
+        }
+        if row.iter().any(|b| b.v.is_nan()) {
+            return Ball::exact(f64::NAN);
+        }
+        let v = row.iter().map(|b| b.v).fold(f64::NEG_INFINITY, f64::max);
+        let r = row.iter().map(|b| b.r).fold(0.0, f64::max);
+        if v.is_finite() || r == 0.0 {
+            Ball { v, r }
+        } else {
+            Ball::UNKNOWN
         }
     }
     fn sub_self(&self, a: Ball) -> Ball {

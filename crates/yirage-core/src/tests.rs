@@ -1279,3 +1279,67 @@ fn add_scalar_is_exact_in_the_field() {
     n2.mark_output(y).unwrap();
     assert!(!equivalent(&w, &n2, 2, 0).unwrap());
 }
+
+/// `exp(x − max(x)) / Σ exp(x − max(x))` over the last dim of an `[4, 8]` input.
+fn safe_softmax_written_out() -> KernelGraph {
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[4, 8], F).unwrap();
+    let m = g.reduce_max(x, -1).unwrap();
+    let s = g.binary(BinaryOp::Sub, x, m).unwrap();
+    let e = g.unary(UnaryOp::Exp, s).unwrap();
+    let t = g.reduction(e, -1).unwrap();
+    let y = g.binary(BinaryOp::Div, e, t).unwrap();
+    g.mark_output(y).unwrap();
+    g
+}
+
+#[test]
+fn reduce_max_evaluates_and_is_a_symmetric_uninterpreted_function() {
+    let x = data(&[4, 8], 9);
+    let mut g = KernelGraph::new();
+    let t = g.new_input(&[4, 8], F).unwrap();
+    let m = g.reduce_max(t, 0).unwrap();
+    g.mark_output(m).unwrap();
+    let out = &evaluate(&g, std::slice::from_ref(&x)).unwrap()[0];
+    assert_eq!(out.dims, vec![1, 8]);
+    for j in 0..8 {
+        let want = (0..4).map(|i| x.data[i * 8 + j]).fold(f64::MIN, f64::max);
+        assert_eq!(out.data[j], want);
+    }
+    let mut nan = x.clone();
+    nan.data[3] = f64::NAN;
+    assert!(evaluate(&g, &[nan]).unwrap()[0].data[3].is_nan());
+    // the safe softmax is the softmax: max(x) cancels in the ratio (exp is a homomorphism)
+    let mut plain = KernelGraph::new();
+    let x = plain.new_input(&[4, 8], F).unwrap();
+    let y = plain.softmax(x, -1).unwrap();
+    plain.mark_output(y).unwrap();
+    assert!(equivalent(&safe_softmax_written_out(), &plain, 2, 0).unwrap());
+    // the max of a row does not depend on the row's order; it is not the sum
+    let reduce = |perm: bool, max: bool| {
+        let mut g = KernelGraph::new();
+        let mut x = g.new_input(&[4, 8], F).unwrap();
+        if perm {
+            let parts = g.chunk(x, 2, 1).unwrap();
+            x = g.concat(&[parts[1], parts[0]], 1).unwrap();
+        }
+        let r = if max {
+            g.reduce_max(x, 1).unwrap()
+        } else {
+            g.reduction(x, 1).unwrap()
+        };
+        g.mark_output(r).unwrap();
+        g
+    };
+    assert!(equivalent(&reduce(false, true), &reduce(true, true), 2, 0).unwrap());
+    assert!(!equivalent(&reduce(false, true), &reduce(false, false), 2, 0).unwrap());
+    let back = from_json(&to_json(&safe_softmax_written_out())).unwrap();
+    assert_eq!(back, safe_softmax_written_out());
+    let mut e = KernelGraph::new();
+    let x = e.new_input(&[4, 8], F).unwrap();
+    assert!(e
+        .reduce_max(x, 2)
+        .unwrap_err()
+        .to_string()
+        .contains("out of range"));
+}

@@ -330,6 +330,8 @@ def run_library_kernel(
             res = np.split(ins[0], int(params["chunks"]), axis=int(params["dim"]))[
                 int(params["index"])
             ]
+        elif op == "reduce_max":
+            res = np.max(ins[0], axis=int(params["dim"]), keepdims=True)
         elif op == "permute":
             res = np.transpose(ins[0], [int(d) for d in params["perm"]])
         elif op == "reshape":

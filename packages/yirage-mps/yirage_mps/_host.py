@@ -84,6 +84,8 @@ def _library(plan: Plan, k: LibraryKernel, bufs: dict[int, Any]) -> Any:
         y = torch.cat(xs, dim=int(p["dim"]))
     elif k.op == "chunk":
         y = torch.chunk(xs[0], int(p["chunks"]), dim=int(p["dim"]))[int(p["index"])]
+    elif k.op == "reduce_max":
+        y = torch.amax(xs[0], dim=int(p["dim"]), keepdim=True)
     elif k.op == "permute":
         y = xs[0].permute(tuple(int(d) for d in p["perm"]))
     elif k.op == "reshape":

@@ -623,6 +623,8 @@ def _library(k: LibraryKernel, plan: Plan) -> str:
         expr = f"jnp.concatenate([{', '.join(xs)}], axis={p['dim']})"
     elif op == "chunk":
         expr = f"jnp.array_split({xs[0]}, {p['chunks']}, axis={p['dim']})[{p['index']}]"
+    elif op == "reduce_max":
+        expr = f"jnp.max({xs[0]}, axis={int(p['dim'])}, keepdims=True)"
     elif op == "permute":
         expr = f"jnp.transpose({xs[0]}, {tuple(int(d) for d in p['perm'])})"
     elif op == "reshape":

@@ -119,6 +119,8 @@ def library_lines(
             expr = (
                 f"torch.chunk({f[0]}, {int(p['chunks'])}, dim={int(p['dim'])})[{int(p['index'])}]"
             )
+        elif k.op == "reduce_max":
+            expr = f"torch.amax({f[0]}, dim={int(p['dim'])}, keepdim=True)"
         elif k.op == "permute":
             expr = f"{f[0]}.permute({tuple(int(d) for d in p['perm'])})"
         elif k.op == "reshape":

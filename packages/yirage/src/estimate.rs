@@ -24,6 +24,7 @@ fn kernel_name(kind: &KernelOpKind) -> Option<&'static str> {
         KernelOpKind::Concat { .. } => "concat",
         KernelOpKind::Chunk { .. } => "chunk",
         KernelOpKind::Permute { .. } => "permute",
+        KernelOpKind::ReduceMax { .. } => "reduce_max",
         KernelOpKind::Reshape { .. } => "reshape",
         KernelOpKind::AllReduce { .. } => "all_reduce",
         KernelOpKind::Customized { .. } => "customized",

@@ -376,6 +376,10 @@ impl PyKernelGraph {
         guard(|| self.inner.chunk(parse_id("chunk", x)?, chunks, dim))
     }
 
+    fn reduce_max(&mut self, x: i64, dim: i64) -> PyResult<usize> {
+        guard(|| self.inner.reduce_max(parse_id("reduce_max", x)?, dim))
+    }
+
     fn permute(&mut self, x: i64, perm: Vec<i64>) -> PyResult<usize> {
         guard(|| self.inner.permute(parse_id("permute", x)?, &perm))
     }

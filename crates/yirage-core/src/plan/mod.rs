@@ -608,6 +608,7 @@ fn library_kernel(
         // Sum over the ranks through the runtime's collective (docs/kernel-plan.md).
         KernelOpKind::AllReduce { .. } => ("all_reduce", json!({"world_size": world_size})),
         KernelOpKind::Permute { perm, .. } => ("permute", json!({"perm": perm})),
+        KernelOpKind::ReduceMax { dim, .. } => ("reduce_max", json!({"dim": dim})),
         KernelOpKind::Reshape { dims, .. } => ("reshape", json!({"dims": dims})),
         KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => return None,
     };

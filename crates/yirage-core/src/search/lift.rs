@@ -137,6 +137,9 @@ pub fn lift_kernel_graph<B: AbsBuilder>(b: &mut B, g: &KernelGraph) -> Option<Ve
             KernelOpKind::Reshape { x, dims } => {
                 vec![b.node(AbsNode::Un(format!("reshape{dims:?}"), v(*x)?))]
             }
+            KernelOpKind::ReduceMax { x, dim } => {
+                vec![b.node(AbsNode::Un(format!("max@{dim}"), v(*x)?))]
+            }
             KernelOpKind::Customized { inputs, graph } => {
                 let ins = inputs.iter().map(|&x| v(x)).collect::<Option<Vec<_>>>()?;
                 lift_block(b, graph, &ins)?

@@ -526,6 +526,7 @@ impl Vocab {
                 KernelOpKind::Concat { .. } => v.unsupported.push("concat".into()),
                 KernelOpKind::Chunk { .. } => v.unsupported.push("chunk".into()),
                 KernelOpKind::Permute { .. } => v.unsupported.push("permute".into()),
+                KernelOpKind::ReduceMax { .. } => v.unsupported.push("reduce_max".into()),
                 KernelOpKind::Reshape { .. } => v.unsupported.push("reshape".into()),
                 KernelOpKind::AllReduce { .. } => v.unsupported.push("all_reduce".into()),
                 KernelOpKind::Customized { graph, .. } => {

@@ -275,6 +275,10 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         """Sum over ``dim`` (kept with size 1); negative dims count from the end."""
         return self._t(self._g.reduction(self._id(x), check_int(dim, "dim", ShapeError)))
 
+    def reduce_max(self, x: DTensor, dim: int) -> DTensor:
+        """Max over ``dim`` (kept with size 1); NaN propagates, as in torch.amax."""
+        return self._t(self._g.reduce_max(self._id(x), check_int(dim, "dim", ShapeError)))
+
     def rms_norm(
         self,
         x: DTensor,

@@ -84,6 +84,7 @@ LIBRARY_OPS = (
     "softmax",
     "concat",
     "chunk",
+    "reduce_max",
     "permute",
     "reshape",
     "all_reduce",
