@@ -1,7 +1,8 @@
-"""The search's baseline (a plan of library kernels alone) runs the torch calls PyTorch eager
-runs for the same graph, in the graph's dtype: its outputs are bit-identical to eager's, so
-choosing it is never slower than eager. Plans with a generated kernel keep float32
-intermediates between library calls."""
+"""The search's baseline (a plan of library kernels alone) is printed twice: with float32
+intermediates (the graph's values where a 16-bit intermediate would overflow) and *eagerly*,
+the torch calls PyTorch eager runs for the same graph in the graph's dtype, bit-identical to
+eager. The backend races both as variants; plans with a generated kernel print only the
+float32 form."""
 
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _launch(raw: dict[str, Any]) -> Any:
+def _launch(raw: dict[str, Any], *, eager: bool) -> Any:
     """The printed host function of ``raw`` (generated kernels print nothing here)."""
     import torch
 
     from yirage_triton import launcher_lines
 
-    lines = launcher_lines(parse_plan(raw), lambda k, names: [f"pass  # kernel {k.name}"])
+    lines = launcher_lines(
+        parse_plan(raw), lambda k, names: [f"pass  # kernel {k.name}"], eager_library=eager
+    )
     src = "\n".join(lines)
     scope: dict[str, Any] = {"torch": torch}
     exec(compile(src, "<host>", "exec"), scope)
@@ -49,10 +52,10 @@ def _rmsnorm_linear_plan(b: int, h: int, n: int, dtype: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_the_baseline_is_bit_identical_to_eager(dtype: str) -> None:
+def test_the_eager_printing_is_bit_identical_to_eager(dtype: str) -> None:
     import torch
 
-    launch, src = _launch(_rmsnorm_linear_plan(8, 96, 40, dtype))
+    launch, src = _launch(_rmsnorm_linear_plan(8, 96, 40, dtype), eager=True)
     assert "float32" not in src  # no float32 copies of the 16-bit tensors
     g = torch.Generator().manual_seed(0)
     td = getattr(torch, dtype)
@@ -63,7 +66,45 @@ def test_the_baseline_is_bit_identical_to_eager(dtype: str) -> None:
     assert out.dtype == td and torch.equal(out, want)
 
 
-def test_a_plan_with_a_generated_kernel_keeps_float32_intermediates() -> None:
-    _, src = _launch(plans.mixed_library(8, 64, 64, dtype="float16").plan)
-    assert "_yr_matmul_fp32" in src  # 16-bit operands into a float32 intermediate
-    assert ".to(torch.float32)" in src
+def test_the_float32_printing_keeps_a_finite_value_that_eager_loses() -> None:
+    """square(x) * z with x = 300 (90000 overflows float16) and z = 0: the eager printing
+    gives NaN (inf * 0), the float32 one the graph's value 0."""
+    import torch
+
+    pb = plans.PlanBuilder("fixture-baseline-overflow")
+    x, z = pb.buf([1, 4], "float16", "input"), pb.buf([1, 4], "float16", "input")
+    y = pb.buf([1, 4], "float16", "output")
+    sq = pb.buf([1, 4], "float32", "intermediate")
+    for op, ins, out, name in (("unary", [x], sq, "square"), ("binary", [sq, z], y, "mul")):
+        kernel = {"kind": "library", "op": op, "inputs": ins, "outputs": [out]}
+        pb.raw["kernels"].append({**kernel, "params": {"op": name}})
+    inputs = [
+        torch.full((1, 4), 300.0, dtype=torch.float16),
+        torch.zeros(1, 4, dtype=torch.float16),
+    ]
+    (fp32,) = _launch(pb.plan, eager=False)[0](inputs)
+    (eager,) = _launch(pb.plan, eager=True)[0](inputs)
+    assert torch.isnan(eager).all()
+    assert torch.equal(fp32, torch.zeros(1, 4, dtype=torch.float16))
+
+
+def test_only_a_library_plan_gets_the_eager_variant() -> None:
+    from yirage_triton import TritonOptions, TritonTarget, is_library_plan
+    from yirage_triton._backend import TritonBackend
+
+    lib = parse_plan(_rmsnorm_linear_plan(8, 96, 40, "float16"))
+    mixed = parse_plan(plans.mixed_library(8, 64, 64, dtype="float16").plan)
+    assert is_library_plan(lib) and not is_library_plan(mixed)
+
+    class Thin(TritonBackend):
+        name = "thin"
+        target = TritonTarget("thin", "cuda", variant_families=frozenset())
+
+        def compute_units(self) -> int:
+            return 100
+
+    be = Thin(interpret=True)
+    assert set(be.printings(lib, TritonOptions())) == {"triton_eager"}
+    assert "triton_eager" not in be.printings(mixed, TritonOptions())
+    _, src = _launch(plans.mixed_library(8, 64, 64, dtype="float16").plan, eager=True)
+    assert "_yr_matmul_fp32" in src  # mixed plans keep float32 intermediates

@@ -34,7 +34,13 @@ from yirage_triton._codegen import (
     generate_triton,
     padded_dims,
 )
-from yirage_triton._host import TORCH_DTYPE, fmt_float, launcher_lines, library_lines
+from yirage_triton._host import (
+    TORCH_DTYPE,
+    fmt_float,
+    is_library_plan,
+    launcher_lines,
+    library_lines,
+)
 from yirage_triton._runtime import (
     GraphTimer,
     InputError,
@@ -100,6 +106,7 @@ __all__ = [
     "fmt_float",
     "generate_triton",
     "interpret_mode",
+    "is_library_plan",
     "launcher_lines",
     "library_lines",
     "load_triton_module",

@@ -42,6 +42,7 @@ from yirage.plugin import (
 )
 from yirage_triton import _toolchain
 from yirage_triton._codegen import TritonOptions, TritonSource, generate_triton
+from yirage_triton._host import is_library_plan
 from yirage_triton._runtime import (
     Launcher,
     ProfileResult,
@@ -353,6 +354,9 @@ class TritonBackend(Backend):
             base = out.get("triton_split", topts)
             scaled = "triton_split_scaled" if "triton_split" in out else "triton_scaled"
             out[scaled] = dataclasses.replace(base, scale_after_dot=True)
+        # the baseline as PyTorch eager runs it (16-bit intermediates; see _host)
+        if is_library_plan(plan):
+            out["triton_eager"] = dataclasses.replace(topts, eager_library=True)
         return out
 
     def print_triton(self, plan: Plan) -> tuple[TritonSource, dict[str, TritonSource]]:

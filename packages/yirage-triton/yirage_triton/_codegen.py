@@ -105,6 +105,8 @@ class TritonOptions:
     where the target has it, "ieee" on AMD's gfx90a/gfx1100). ``launch_options``: (name,
     value) compile options of the vendor's Triton backend printed into every launch and kept
     in ``KERNELS`` (AMD: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``).
+    ``eager_library``: a plan of library kernels alone runs as PyTorch eager runs the graph (see
+    :mod:`yirage_triton._host`); the backend profiles it as a variant of its own.
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -122,6 +124,7 @@ class TritonOptions:
     pdl: bool = False
     dot_sum_precision: str = "tf32"
     launch_options: tuple[tuple[str, int], ...] = ()
+    eager_library: bool = False
 
     def key(self) -> str:
         key = (
@@ -136,6 +139,8 @@ class TritonOptions:
             key += f";dotsum={self.dot_sum_precision}"
         if self.launch_options:
             key += f";launch={list(self.launch_options)}"
+        if self.eager_library:
+            key += ";eager"
         return key
 
 
@@ -1478,6 +1483,6 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
     def warm_line(k: GeneratedKernel, names: dict[int, str]) -> list[str]:
         return launch_line(k, names, warm=True)
 
-    out += ["", *launcher_lines(p, launch_line), ""]
+    out += ["", *launcher_lines(p, launch_line, eager_library=opts.eager_library), ""]
     out += ["", *launcher_lines(p, warm_line, warmup=True), ""]
     return TritonSource("\n".join(out), p, opts, tuple(printers))

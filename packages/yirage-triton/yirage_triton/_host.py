@@ -12,10 +12,13 @@ round once, so the result is the same without the fp32 copies), except matmul, w
 multiplies in the 16-bit dtype of its operands when one is 16-bit (tensor cores, fp32
 accumulation inside cuBLAS) and in fp32 otherwise.
 
-A plan of library kernels alone (the search's baseline: the graph as it was written) runs
-*eagerly*: every op on its operands in the graph's dtype, intermediates in that dtype, the
-same torch calls in the same order as PyTorch eager runs the graph, so choosing the baseline
-is never slower than eager.
+A plan of library kernels alone (the search's baseline: the graph as it was written) is also
+printed *eagerly* (``eager_library``): every op on its operands in the graph's dtype,
+intermediates in that dtype, the same torch calls in the same order as PyTorch eager runs
+the graph. The backend races it as a variant of its own beside the float32-intermediate
+printing: it is as fast as eager, but like eager a 16-bit intermediate can overflow where the
+graph has a finite value (silu of -inf is NaN), so the checks drop it where the float32
+printing passes them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Callable
 
 from yirage.plan import CodegenError, GeneratedKernel, LibraryKernel, Plan
 
-__all__ = ["TORCH_DTYPE", "fmt_float", "launcher_lines", "library_lines"]
+__all__ = ["TORCH_DTYPE", "fmt_float", "is_library_plan", "launcher_lines", "library_lines"]
 
 TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
 
@@ -143,15 +146,26 @@ def library_lines(
     return lines
 
 
+def is_library_plan(plan: Plan) -> bool:
+    """Whether ``plan`` is library kernels alone on inputs of one dtype (the search's
+    baseline), which can also run eagerly."""
+    return all(isinstance(k, LibraryKernel) for k in plan.kernels) and (
+        len({b.dtype for b in plan.inputs}) == 1
+    )
+
+
 def launcher_lines(
     plan: Plan,
     launch_line: Callable[[GeneratedKernel, dict[int, str]], list[str]],
     *,
     warmup: bool = False,
+    eager_library: bool = False,
 ) -> list[str]:
     """``def launch(inputs)`` for ``plan``; ``launch_line`` prints one generated kernel's launch.
     With ``warmup``: ``def warmup(inputs)``, which allocates the library kernels' outputs
-    instead of running them (``launch_line`` then prints compile-only calls)."""
+    instead of running them (``launch_line`` then prints compile-only calls). With
+    ``eager_library`` a plan of library kernels alone whose inputs share one dtype runs
+    eagerly (see the module doc)."""
     names = {b.id: f"buf{b.id}" for b in plan.buffers}
     doc = (
         "Compile the generated kernels for ``inputs``; runs nothing."
@@ -166,9 +180,7 @@ def launcher_lines(
     else:
         body.append("dev = torch.device('cuda', torch.cuda.current_device())")
     allocated = {b.id for b in plan.inputs}
-    eager = all(isinstance(k, LibraryKernel) for k in plan.kernels) and (
-        len({b.dtype for b in plan.inputs}) == 1
-    )
+    eager = eager_library and is_library_plan(plan)
     for k in plan.kernels:
         if isinstance(k, LibraryKernel):
             if warmup:
