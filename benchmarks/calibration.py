@@ -286,6 +286,21 @@ def write(
 # -- main -------------------------------------------------------------------------------------
 
 
+def _command(argv: Sequence[str]) -> str:
+    """The command line that reproduces the table, ``--out`` left out (it names a folder of
+    the machine that ran it; the default is the repository's results folder)."""
+    kept: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            kept.append(a)
+    return shlex.join(["python", "benchmarks/calibration.py", *kept])
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     from yirage._workloads import workload_names
 
@@ -360,9 +375,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "preset": preset,
         "top_k": args.top_k,
         "repeats": args.repeats,
-        "command": shlex.join(
-            ["python", "benchmarks/calibration.py", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        "command": _command(sys.argv[1:] if argv is None else argv),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "wall_s": time.perf_counter() - t0,

@@ -96,3 +96,4 @@ def test_a_tiny_cpu_run_writes_the_table_of_its_own_rows(tmp_path: Path) -> None
     assert doc["backend"] == "cpu" and doc["device_spec"]["execution_model"] == "cpu"
     text = (folder / "summary.md").read_text(encoding="utf-8")
     assert "| rms_norm | cpu |" in text and "--top-k 2" in text and "OMP_NUM_THREADS=" in text
+    assert str(tmp_path) not in text  # the --out folder is left out of the command
