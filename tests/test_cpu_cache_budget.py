@@ -97,18 +97,13 @@ def test_search_fuses_gqa_decode_at_kv_8192() -> None:
 @cpu_only
 def test_model_sized_rmsnorm_linear_fuses_and_matches_float64() -> None:
     """RMSNorm + Linear at 8 x 4096 x 6144: the best candidate is one fused kernel (a
-    sixteenth of L2 per block found none), and the C printed, compiled and run for it on the
-    host matches numpy in float64."""
+    sixteenth of L2 per block found none: the core's cpu_cache tests), and the C printed,
+    compiled and run for it on the host matches numpy in float64."""
     wl = get_workload("rmsnorm_linear")
     graph = wl.graph("model")
     res = yr.search(graph, device_spec=MODEL_CPU, backend="cpu", cache=False)
     assert _one_fused_kernel(res.best.label), [c.label for c in res.candidates]
     assert "accum_rms" in res.best.label and "matmul" in res.best.label
-    small = replace(MODEL_CPU, shared_mem_per_block=64 * 1024)
-    res64 = yr.search(graph, device_spec=small, backend="cpu", cache=False)
-    assert not any(_one_fused_kernel(c.label) for c in res64.candidates), [
-        c.label for c in res64.candidates
-    ]
 
     from yirage_cpu._backend import CpuBackend
 
