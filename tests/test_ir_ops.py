@@ -274,15 +274,20 @@ def _layout_inputs() -> list[np.ndarray]:
 @cpu_backend
 @pytest.mark.parametrize("case", ["layout", "rope"])
 def test_cpu_backend_runs_the_new_ops(case: str) -> None:
-    """The search returns the baseline for graphs with layout ops (it does not fuse them),
-    which the CPU backend runs through its library path; the result matches float64."""
+    """Layout ops and reduce_max run through the CPU backend's library path (the search
+    splits the graph at them); whatever superoptimize picks matches float64."""
     g, xs, ref = (
         (_layout_graph(), _layout_inputs(), _layout_ref)
         if case == "layout"
         else (_rope_graph(2, 8, 16), _rope_inputs(2, 8, 16), _rope_ref)
     )
     k = yr.superoptimize(
-        g, backend="cpu", device_spec=REFERENCE_CPU, profile_options=FAST_PROFILE, cache=False
+        g,
+        backend="cpu",
+        config="mlp",  # narrows the parts' search space (a time limit would make it vary)
+        device_spec=REFERENCE_CPU,
+        profile_options=FAST_PROFILE,
+        cache=False,
     )
     (out,) = k(*xs)
     assert _rel(out, ref(*xs)) < 1e-5
@@ -306,10 +311,10 @@ def test_triton_interpreter_runs_the_layout_ops() -> None:
     rms_norm …) through the CUDA backend's torch host code in Triton-interpreter mode."""
     from yirage_cuda import CudaBackend
 
-    res = yr.search(_layout_graph(), backend="cpu", device_spec=REFERENCE_CPU)
-    assert res.candidates[0].baseline
+    res = yr.search(_layout_graph(), backend="cpu", config="mlp", device_spec=REFERENCE_CPU)
+    baseline = next(c for c in res.candidates if c.baseline)
     xs = _layout_inputs()
-    (out,) = _run_plan(CudaBackend(interpret=True), res.candidates[0].kernel_plan().to_json(), xs)
+    (out,) = _run_plan(CudaBackend(interpret=True), baseline.kernel_plan().to_json(), xs)
     assert _rel(out.reshape(8, 2, 32), _layout_ref(*xs)) < 1e-5
 
 
@@ -342,4 +347,23 @@ def test_fused_layernorm_with_add_scalar_in_the_triton_interpreter() -> None:
 
     plan, xs, ref = _fused_layernorm_plan()
     (out,) = _run_plan(CudaBackend(interpret=True), plan, xs)
+    assert _rel(out.reshape(ref.shape), ref) < 1e-5
+
+
+@cpu_backend
+def test_the_search_fuses_around_a_transpose() -> None:
+    """A transposed activation feeding gemm_layernorm: the search splits at the permute
+    (a library kernel) and fuses the rest into one generated kernel; it runs on the CPU
+    backend and matches float64."""
+    from yirage_cpu._backend import CpuBackend
+
+    g, (xt, w) = _graph((64, 8), (64, 32))
+    g.mark_output(g.gemm_layernorm(g.transpose(xt, 0, 1), w))
+    res = yr.search(g, backend="cpu", config="mlp", device_spec=REFERENCE_CPU, deterministic=True)
+    best = res.candidates[0]
+    assert "permute" in res.report.notes[0]
+    assert not best.baseline and best.label.count("custom[") == 1, best.label
+    xs = [RNG.standard_normal(d).astype(np.float32) for d in ((64, 8), (64, 32))]
+    (out,) = _run_plan(CpuBackend(), best.kernel_plan().to_json(), xs)
+    ref = _layer_norm(xs[0].T.astype(np.float64) @ xs[1], 1)
     assert _rel(out.reshape(ref.shape), ref) < 1e-5

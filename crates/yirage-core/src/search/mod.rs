@@ -810,7 +810,8 @@ pub fn search(
     let threads = cfg.threads;
     let mut res = with_threads(threads, || {
         // multi-device graphs (per-rank parts, stitched back at their world_size) too
-        if canon.has_collectives() || canon.world_size() > 1 {
+        let split = canon.has_collectives() || canon.world_size() > 1;
+        if split || split::has_library_boundaries(&canon) {
             split::search_split(&canon, spec, cfg, ctl)
         } else {
             search_in_pool(&canon, spec, cfg, ctl)

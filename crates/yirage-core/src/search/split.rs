@@ -1,4 +1,6 @@
 //! Search of graphs with collectives: split at `all_reduce`, search the parts, stitch.
+//! Graphs with the library-only ops permute, reshape and reduce_max are split at them the
+//! same way (see [`is_boundary`]), so the rest of such a graph is still fused.
 //!
 //! An all_reduce is never fused into a customized op: it is a boundary. Each tensor gets a
 //! *level*, the largest number of all_reduces on a path from the inputs to it; the ops of
@@ -43,7 +45,7 @@ fn levels(g: &KernelGraph) -> Vec<usize> {
             .max()
             .unwrap_or(0);
         let l = match op.kind {
-            KernelOpKind::AllReduce { .. } => base + 1,
+            _ if is_boundary(&op.kind) => base + 1,
             _ => base,
         };
         for &o in &op.outs {
@@ -54,10 +56,26 @@ fn levels(g: &KernelGraph) -> Vec<usize> {
 }
 
 fn is_part_op(kind: &KernelOpKind) -> bool {
-    !matches!(
+    !matches!(kind, KernelOpKind::Input { .. }) && !is_boundary(kind)
+}
+
+/// Ops the search never fuses and splits the target at: all_reduce (a collective) and the
+/// library-only ops (they stay library kernels between the searched parts).
+pub(super) fn is_boundary(kind: &KernelOpKind) -> bool {
+    matches!(
         kind,
-        KernelOpKind::Input { .. } | KernelOpKind::AllReduce { .. }
+        KernelOpKind::AllReduce { .. }
+            | KernelOpKind::Permute { .. }
+            | KernelOpKind::Reshape { .. }
+            | KernelOpKind::ReduceMax { .. }
     )
+}
+
+/// Whether `g` holds a library-only op the search splits at (besides all_reduce).
+pub(super) fn has_library_boundaries(g: &KernelGraph) -> bool {
+    g.ops()
+        .iter()
+        .any(|op| is_boundary(&op.kind) && !matches!(op.kind, KernelOpKind::AllReduce { .. }))
 }
 
 /// The collective-free parts of `g`, one per level (`None` where a level has no ops).
@@ -151,17 +169,17 @@ fn stitch(
         map[t] = h.new_input(&d, info.dtype)?;
     }
     for (k, part) in parts.iter().enumerate() {
-        // all_reduces producing level k (their operands come from lower levels)
+        // boundary ops producing level k (their operands come from lower levels)
         for op in g.ops() {
-            if let KernelOpKind::AllReduce { x } = op.kind {
-                if lvl[op.outs[0]] == k {
-                    let src = map
-                        .get(x)
+            if is_boundary(&op.kind) && lvl[op.outs[0]] == k {
+                let m = |t: TensorId| -> Result<TensorId> {
+                    map.get(t)
                         .copied()
                         .filter(|&v| v != usize::MAX)
-                        .ok_or_else(lost)?;
-                    map[op.outs[0]] = h.all_reduce(src)?;
-                }
+                        .ok_or_else(lost)
+                };
+                let new = h.replay(&op.kind, &m)?;
+                map[op.outs[0]] = new[0];
             }
         }
         let (Some(part), Some(body)) = (part, choice.get(k).copied().flatten()) else {
@@ -217,7 +235,11 @@ pub(super) fn search_split(
     let lvl = levels(target);
     let parts = parts(target, &lvl)?;
     let n_parts = parts.iter().flatten().count();
-    let mut notes = vec![if target.has_collectives() {
+    let mut notes = vec![if has_library_boundaries(target) {
+        format!(
+            "the target contains permute, reshape or reduce_max (library kernels the search does not fuse): it was split at them into {n_parts} part(s), searched separately"
+        )
+    } else if target.has_collectives() {
         format!(
             "the target contains all_reduce: it was split into {n_parts} collective-free part(s), searched separately; every all_reduce stays a library kernel (the runtime's collective)"
         )
@@ -313,7 +335,11 @@ pub(super) fn search_split(
                     None => "-".to_string(),
                 })
                 .collect::<Vec<_>>()
-                .join(" | all_reduce | ");
+                .join(if target.has_collectives() {
+                    " | all_reduce | "
+                } else {
+                    " | library | "
+                });
             verified.push(Candidate {
                 predicted_us: graph_cost(&g, spec)?,
                 graph: g,
@@ -341,7 +367,7 @@ pub(super) fn search_split(
             .map(|(k, r)| format!("part {k}: {}", r.trim_start_matches("no_candidates: ")))
             .collect();
         format!(
-            "no_candidates: the target contains all_reduce (kept as a library kernel); {}",
+            "no_candidates: the target contains all_reduce, permute, reshape or reduce_max (kept as library kernels); {}",
             if why.is_empty() {
                 "no collective-free part to fuse".to_string()
             } else {
@@ -441,5 +467,38 @@ mod tests {
             assert!(lower(&c.graph, &DeviceSpec::cpu2()).is_ok());
         }
         assert!(res.candidates.iter().any(|c| !c.baseline), "{}", res.report);
+    }
+
+    #[test]
+    fn a_transposed_input_is_split_off_and_the_rest_fused() {
+        // out = gemm(transpose(xt), w) with a row sum: the matmul part is still searched
+        let mut g = KernelGraph::new();
+        let xt = g.new_input(&[256, 8], DType::F32).unwrap();
+        let w = g.new_input(&[256, 128], DType::F32).unwrap();
+        let x = g.permute(xt, &[1, 0]).unwrap();
+        let m = g.matmul(x, w).unwrap();
+        let r = g.rms_norm(m, &[128], None, 1e-6).unwrap();
+        g.mark_output(r).unwrap();
+        let lvl = levels(&g);
+        assert_eq!((lvl[xt], lvl[x], lvl[r]), (0, 1, 1));
+        let cfg = SearchConfig {
+            time_limit_s: Some(30.0),
+            ..SearchConfig::default()
+        };
+        let res =
+            super::super::search(&g, &DeviceSpec::cpu2(), &cfg, &SearchControl::default()).unwrap();
+        assert!(
+            res.report.notes[0].contains("permute"),
+            "{:?}",
+            res.report.notes
+        );
+        let fused = res.candidates.iter().find(|c| !c.baseline);
+        let fused = fused.unwrap_or_else(|| panic!("{}", res.report));
+        assert!(fused.label.contains("custom["), "{}", fused.label);
+        let kinds: Vec<_> = fused.graph.ops().iter().map(|o| &o.kind).collect();
+        assert!(kinds
+            .iter()
+            .any(|k| matches!(k, KernelOpKind::Permute { .. })));
+        assert!(crate::fingerprint::equivalent(&g, &fused.graph, 2, 0).unwrap());
     }
 }
