@@ -367,3 +367,21 @@ def test_the_search_fuses_around_a_transpose() -> None:
     (out,) = _run_plan(CpuBackend(), best.kernel_plan().to_json(), xs)
     ref = _layer_norm(xs[0].T.astype(np.float64) @ xs[1], 1)
     assert _rel(out.reshape(ref.shape), ref) < 1e-5
+
+
+def test_pallas_printer_prints_the_layout_ops() -> None:
+    """The TPU backend's printer (no jax needed to print) writes the library kernels as
+    jax.numpy; with jax installed, interpret mode runs them against float64."""
+    from yirage_tpu import TpuBackend
+
+    res = yr.search(_layout_graph(), backend="cpu", config="mlp", device_spec=REFERENCE_CPU)
+    plan = next(c for c in res.candidates if c.baseline).kernel_plan().to_json()
+    be = TpuBackend(interpret=True)
+    text = be.codegen(plan).text
+    for expr in ("jnp.transpose(", "jnp.reshape(", "jnp.max(", " + 0.5"):
+        assert expr in text, expr
+    if importlib.util.find_spec("jax") is None:
+        return
+    xs = _layout_inputs()
+    (out,) = _run_plan(be, plan, xs)
+    assert _rel(out.reshape(8, 2, 32), _layout_ref(*xs)) < 1e-5
