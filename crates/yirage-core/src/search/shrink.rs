@@ -6,7 +6,10 @@
 //!
 //! A *free* dim of the target is one no op contracts, reduces, normalises, concatenates or
 //! chunks: its rows are computed independently (the M and N of a matmul, the rows of an
-//! RMSNorm, the heads of an attention). A candidate splits a free dim over grid blocks that
+//! RMSNorm, the heads of an attention). Dims are followed as classes of (tensor, dim) slots
+//! that the ops link — the candidate's inputs are the target's, and a grid axis links the
+//! slots it cuts — never by extent, so an N equal to K is still N. A candidate splits a free
+//! dim over grid blocks that
 //! run one block program on equal slices, so the candidate restricted to fewer rows — the
 //! same tiles, the same block program, fewer blocks along that dim — is the same program at a
 //! smaller size. The verifier fingerprints that smaller twin against the target at the same
@@ -15,12 +18,13 @@
 //! The reduced extent keeps every tile of the candidate whole and at least two blocks per
 //! split axis (so the block-to-slice arithmetic is exercised), and never coincides with
 //! another extent of the graph (so a dim mix-up that the full sizes would expose as a shape
-//! mismatch is not hidden). Whatever cannot be reduced this way (an extent tied to a
-//! contracted dim, a whole-dim or looped tile, an op outside the known vocabulary, a twin
-//! that fails the validating builder or whose outputs disagree in shape) is fingerprinted
-//! at full size. Every candidate is still checked numerically at full size on the device
+//! mismatch is not hidden). Whatever cannot be reduced this way (a class the candidate
+//! merges with another or binds, a dim a block reads whole or walks with its loop, an op
+//! outside the known vocabulary, a twin that fails the validating builder or whose outputs
+//! disagree in shape) is fingerprinted at full size. Every candidate is still checked numerically at full size on the device
 //! before it is used; `SearchConfig::verify_full_size` turns the reduction off.
 
+use crate::block_graph::BlockOpKind;
 use crate::error::Result;
 use crate::fingerprint::TrialCheck;
 use crate::json::{from_json, to_json};
@@ -34,7 +38,7 @@ const MIN_ROWS: usize = 32;
 /// Reduced extents are multiples of this (and of every tile of the dim).
 const ROW_STEP: usize = 16;
 
-/// Extent → reduced extent.
+/// Free class of the target (index into [`Target::classes`]) → reduced extent.
 type ShrinkMap = BTreeMap<usize, usize>;
 /// A reduced target and its fingerprints.
 type ReducedTarget = Arc<(KernelGraph, TrialCheck)>;
@@ -77,27 +81,40 @@ impl Slots {
     }
 }
 
-/// Extents of `target` that only free dims have (see the module doc), or None when the
-/// target holds an op this analysis does not model.
-pub fn free_extents(target: &KernelGraph) -> Option<BTreeSet<usize>> {
-    let ts = target.tensors();
-    let mut s = Slots::new(target);
-    let mut bound: Vec<usize> = vec![];
+/// What the ops of a graph say about its slots.
+struct Linked {
+    slots: Slots,
+    /// Slots some op contracts, reduces, normalises, concatenates or chunks.
+    bound: Vec<usize>,
+    /// Slots a block reads whole or walks with its for-loop.
+    whole: Vec<usize>,
+    /// (slot, tile): a grid axis cuts the slot's dim into tiles of that size.
+    tiles: Vec<(usize, usize)>,
+}
+
+/// Link the slots every op of `g` keeps together; None when `g` holds an op outside the
+/// vocabulary this analysis models.
+fn link(g: &KernelGraph) -> Option<Linked> {
+    let ts = g.tensors();
+    let mut s = Slots::new(g);
+    let (mut bound, mut whole, mut tiles) = (vec![], vec![], vec![]);
     let rank = |t: usize| ts[t].dims.len();
-    for op in target.ops() {
+    for op in g.ops() {
         let Some(&out) = op.outs.first() else {
             continue;
         };
         let r = rank(out);
+        let same = |s: &mut Slots, x: usize, y: usize, j: usize| {
+            if ts[x].dims[j] == ts[y].dims[j] {
+                s.union(s.id(x, j), s.id(y, j));
+            }
+        };
         match &op.kind {
             KernelOpKind::Input { .. } => {}
             KernelOpKind::Matmul { a, b } => {
                 for j in 0..r - 2 {
-                    for x in [*a, *b] {
-                        if ts[x].dims[j] == ts[out].dims[j] {
-                            s.union(s.id(x, j), s.id(out, j));
-                        }
-                    }
+                    same(&mut s, *a, out, j);
+                    same(&mut s, *b, out, j);
                 }
                 s.union(s.id(out, r - 2), s.id(*a, r - 2));
                 s.union(s.id(out, r - 1), s.id(*b, r - 1));
@@ -111,14 +128,14 @@ pub fn free_extents(target: &KernelGraph) -> Option<BTreeSet<usize>> {
             }
             KernelOpKind::Binary { a, b, .. } => {
                 for j in 0..r {
-                    for x in [*a, *b] {
-                        if ts[x].dims[j] == ts[out].dims[j] {
-                            s.union(s.id(x, j), s.id(out, j));
-                        }
-                    }
+                    same(&mut s, *a, out, j);
+                    same(&mut s, *b, out, j);
                 }
             }
-            KernelOpKind::Reduction { x, dim } | KernelOpKind::Softmax { x, dim } => {
+            KernelOpKind::Reduction { x, dim }
+            | KernelOpKind::ReduceMax { x, dim }
+            | KernelOpKind::Softmax { x, dim }
+            | KernelOpKind::Chunk { x, dim, .. } => {
                 for j in (0..r).filter(|j| j != dim) {
                     s.union(s.id(*x, j), s.id(out, j));
                 }
@@ -147,32 +164,106 @@ pub fn free_extents(target: &KernelGraph) -> Option<BTreeSet<usize>> {
                 }
                 bound.push(s.id(out, *dim));
             }
-            KernelOpKind::Chunk { x, dim, .. } => {
-                for j in (0..r).filter(|j| j != dim) {
-                    s.union(s.id(*x, j), s.id(out, j));
+            KernelOpKind::Permute { x, perm } => {
+                for (j, &p) in perm.iter().enumerate() {
+                    s.union(s.id(*x, p), s.id(out, j));
                 }
-                bound.extend([s.id(*x, *dim), s.id(out, *dim)]);
+            }
+            KernelOpKind::Customized { inputs, graph } => {
+                let grid = graph.grid_dim();
+                let block_inputs: Vec<([i32; 3], i32)> = graph
+                    .ops()
+                    .iter()
+                    .filter_map(|o| match o {
+                        BlockOpKind::Input { imap, fmap, .. } => Some((*imap, *fmap)),
+                        _ => None,
+                    })
+                    .collect();
+                if block_inputs.len() != inputs.len() || graph.outputs().len() != op.outs.len() {
+                    return None;
+                }
+                for (&t, (imap, fmap)) in inputs.iter().zip(&block_inputs) {
+                    for j in 0..rank(t) {
+                        let axis = (0..3).find(|&a| imap[a] == j as i32 && grid[a] > 1);
+                        match axis {
+                            Some(a) if *fmap != j as i32 => {
+                                tiles.push((s.id(t, j), ts[t].dims[j] / grid[a] as usize));
+                            }
+                            _ => whole.push(s.id(t, j)),
+                        }
+                    }
+                }
+                for a in (0..3).filter(|&a| grid[a] > 1) {
+                    let mut on_axis = vec![];
+                    for (&t, (imap, _)) in inputs.iter().zip(&block_inputs) {
+                        if imap[a] >= 0 {
+                            on_axis.push(s.id(t, imap[a] as usize));
+                        }
+                    }
+                    for (&t, o) in op.outs.iter().zip(graph.outputs()) {
+                        if o.omap[a] >= 0 {
+                            on_axis.push(s.id(t, o.omap[a] as usize));
+                        }
+                    }
+                    for w in on_axis.windows(2) {
+                        s.union(w[0], w[1]);
+                    }
+                }
             }
             _ => return None,
         }
     }
-    let bound_roots: BTreeSet<usize> = bound.into_iter().map(|x| s.find(x)).collect();
-    let mut free = BTreeSet::new();
-    let mut tied = BTreeSet::new();
-    for (t, info) in ts.iter().enumerate() {
-        for (j, &e) in info.dims.iter().enumerate() {
-            if e <= 1 {
-                continue;
+    Some(Linked {
+        slots: s,
+        bound,
+        whole,
+        tiles,
+    })
+}
+
+/// The target's free classes: dims no op binds, named by the input slots that hold them.
+struct Target {
+    /// Per input (in order), per dim: the free class, if the dim is free and not 1.
+    input_class: Vec<Vec<Option<usize>>>,
+    /// Extent of each free class.
+    classes: Vec<usize>,
+    /// Every extent of the target (reduced extents avoid them).
+    extents: BTreeSet<usize>,
+}
+
+impl Target {
+    fn of(g: &KernelGraph) -> Option<Target> {
+        let mut l = link(g)?;
+        let bound: BTreeSet<usize> = l.bound.iter().map(|&x| l.slots.find(x)).collect();
+        let mut roots: Vec<usize> = vec![];
+        let mut classes = vec![];
+        let mut input_class = vec![];
+        for &t in g.inputs() {
+            let dims = &g.tensors()[t].dims;
+            let mut row = vec![];
+            for (j, &e) in dims.iter().enumerate() {
+                let root = l.slots.find(l.slots.id(t, j));
+                row.push((e > 1 && !bound.contains(&root)).then(|| {
+                    roots.iter().position(|&r| r == root).unwrap_or_else(|| {
+                        roots.push(root);
+                        classes.push(e);
+                        roots.len() - 1
+                    })
+                }));
             }
-            let root = s.find(s.id(t, j));
-            if bound_roots.contains(&root) {
-                tied.insert(e);
-            } else {
-                free.insert(e);
-            }
+            input_class.push(row);
         }
+        let extents = g
+            .tensors()
+            .iter()
+            .flat_map(|t| t.dims.iter().copied())
+            .collect();
+        (!classes.is_empty()).then_some(Target {
+            input_class,
+            classes,
+            extents,
+        })
     }
-    Some(free.difference(&tied).copied().collect())
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -183,142 +274,165 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-fn usizes(v: &Value) -> Option<Vec<i64>> {
-    v.as_array()?.iter().map(Value::as_i64).collect()
+/// How `g` reduces: the target class of each of its slots (where reducible) and the
+/// reduced extents.
+struct Plan {
+    class_of_slot: Vec<Option<usize>>,
+    map: ShrinkMap,
+    base: Vec<usize>,
 }
 
-/// Kernel ops whose attributes hold no extent (anything else leaves the candidate at full
-/// size).
-const KNOWN_OPS: [&str; 11] = [
-    "input",
-    "matmul",
-    "unary",
-    "binary",
-    "reduction",
-    "rms_norm",
-    "softmax",
-    "concat",
-    "chunk",
-    "all_reduce",
-    "customized",
-];
-
-/// Per free extent of `doc`'s customized ops: the tiles the grid cuts it into, or None when
-/// some block reads that extent whole or walks it with the for-loop.
-fn tiles_of(doc: &Value, free: &BTreeSet<usize>) -> Option<BTreeMap<usize, Option<Vec<usize>>>> {
-    let mut tiles: BTreeMap<usize, Option<Vec<usize>>> =
-        free.iter().map(|&e| (e, Some(vec![]))).collect();
-    for op in doc.get("ops")?.as_array()? {
-        let name = op.get("op")?.as_str()?;
-        if !KNOWN_OPS.contains(&name) {
-            return None;
-        }
-        if name != "customized" {
-            continue;
-        }
-        let bg = op.get("block_graph")?;
-        let grid = usizes(bg.get("grid_dim")?)?;
-        for bop in bg.get("ops")?.as_array()? {
-            if bop.get("op")?.as_str()? != "input" {
-                continue;
-            }
-            let dims = usizes(bop.get("dims")?)?;
-            let imap = usizes(bop.get("imap")?)?;
-            let fmap = bop.get("fmap")?.as_i64()?;
-            for (j, &e) in dims.iter().enumerate() {
-                let Some(entry) = tiles.get_mut(&(e as usize)) else {
-                    continue;
-                };
-                let axis = imap.iter().position(|&d| d == j as i64);
-                match (axis, fmap == j as i64) {
-                    (Some(a), false) if grid[a] > 1 => {
-                        if let Some(v) = entry {
-                            v.push(e as usize / grid[a] as usize);
-                        }
-                    }
-                    _ => *entry = None,
-                }
+/// The reduction of `g` (a candidate, or the target itself) against `target`'s free classes,
+/// or None when nothing reduces.
+fn plan(g: &KernelGraph, target: &Target) -> Option<Plan> {
+    if g.inputs().len() != target.input_class.len() {
+        return None;
+    }
+    let mut l = link(g)?;
+    // the candidate's inputs are the target's: tie the slots of one target class together
+    let mut first: Vec<Option<usize>> = vec![None; target.classes.len()];
+    let mut class_at_root: HashMap<usize, BTreeSet<usize>> = HashMap::new();
+    for (&t, row) in g.inputs().iter().zip(&target.input_class) {
+        for (j, c) in row.iter().enumerate() {
+            let Some(c) = *c else { continue };
+            let slot = l.slots.id(t, j);
+            match first[c] {
+                Some(f) => l.slots.union(f, slot),
+                None => first[c] = Some(slot),
             }
         }
     }
-    Some(tiles)
-}
-
-/// The reduced extents for `doc` (empty: nothing to reduce).
-fn shrink_map(doc: &Value, free: &BTreeSet<usize>, all: &BTreeSet<usize>) -> Option<ShrinkMap> {
+    for (&t, row) in g.inputs().iter().zip(&target.input_class) {
+        for (j, c) in row.iter().enumerate() {
+            if let Some(c) = *c {
+                let root = l.slots.find(l.slots.id(t, j));
+                class_at_root.entry(root).or_default().insert(c);
+            }
+        }
+    }
+    // a class merged with another, bound by an op, or read whole stays at full size
+    let mut blocked: BTreeSet<usize> = BTreeSet::new();
+    for cs in class_at_root.values().filter(|cs| cs.len() > 1) {
+        blocked.extend(cs.iter().copied());
+    }
+    for &x in l.bound.iter().chain(&l.whole) {
+        let root = l.slots.find(x);
+        if let Some(cs) = class_at_root.get(&root) {
+            blocked.extend(cs.iter().copied());
+        }
+    }
+    let n = l.slots.parent.len();
+    let class_of_slot: Vec<Option<usize>> = (0..n)
+        .map(|x| {
+            let root = l.slots.find(x);
+            let cs = class_at_root.get(&root)?;
+            let c = *cs.iter().next()?;
+            (cs.len() == 1 && !blocked.contains(&c)).then_some(c)
+        })
+        .collect();
+    let mut tiles: Vec<Vec<usize>> = vec![vec![]; target.classes.len()];
+    for &(slot, tile) in &l.tiles {
+        if let Some(c) = class_of_slot[slot] {
+            tiles[c].push(tile);
+        }
+    }
     let mut map = ShrinkMap::new();
-    let mut taken: BTreeSet<usize> = all.clone();
-    for (e, tiles) in tiles_of(doc, free)? {
-        let Some(tiles) = tiles else { continue };
-        let lcm = tiles.iter().fold(ROW_STEP, |l, &t| l / gcd(l, t) * t);
-        let floor = tiles.iter().map(|t| 2 * t).max().unwrap_or(0).max(MIN_ROWS);
+    let mut taken = target.extents.clone();
+    for (c, &e) in target.classes.iter().enumerate() {
+        if blocked.contains(&c) || first[c].is_none() {
+            continue;
+        }
+        let lcm = tiles[c].iter().fold(ROW_STEP, |a, &t| a / gcd(a, t) * t);
+        let floor = tiles[c]
+            .iter()
+            .map(|t| 2 * t)
+            .max()
+            .unwrap_or(0)
+            .max(MIN_ROWS);
         let mut small = floor.div_ceil(lcm) * lcm;
         while small < e && taken.contains(&small) {
             small += lcm;
         }
         if small < e {
             taken.insert(small);
-            map.insert(e, small);
+            map.insert(c, small);
         }
     }
-    Some(map)
+    (!map.is_empty()).then_some(Plan {
+        class_of_slot,
+        map,
+        base: l.slots.base,
+    })
 }
 
-/// `doc` with every free extent in `map` reduced: input dims, block input dims and the grid
-/// parts of the axes that split them.
-fn rewrite(doc: &mut Value, map: &ShrinkMap) -> Option<()> {
-    let remap = |dims: &mut Value| -> Option<()> {
-        for d in dims.as_array_mut()? {
-            if let Some(&small) = map.get(&(d.as_u64()? as usize)) {
-                *d = Value::from(small as u64);
-            }
-        }
-        Some(())
+fn usizes(v: &Value) -> Option<Vec<i64>> {
+    v.as_array()?.iter().map(Value::as_i64).collect()
+}
+
+/// `g` at the reduced extents of `plan` with `map` (input dims, block input dims and the
+/// grid parts of the axes that cut reduced dims), through the validating builder.
+fn reduce(g: &KernelGraph, p: &Plan, map: &ShrinkMap) -> Option<KernelGraph> {
+    let ts = g.tensors();
+    let small = |t: usize, j: usize| -> usize {
+        p.class_of_slot[p.base[t] + j]
+            .and_then(|c| map.get(&c).copied())
+            .unwrap_or(ts[t].dims[j])
     };
-    for op in doc.get_mut("ops")?.as_array_mut()? {
-        match op.get("op")?.as_str()? {
-            "input" => remap(op.get_mut("dims")?)?,
-            "customized" => {
-                let bg = op.get_mut("block_graph")?;
+    let mut doc: Value = serde_json::from_str(&to_json(g)).ok()?;
+    let ops = doc.get_mut("ops")?.as_array_mut()?;
+    if ops.len() != g.ops().len() {
+        return None;
+    }
+    for (jop, op) in ops.iter_mut().zip(g.ops()) {
+        match &op.kind {
+            KernelOpKind::Input { .. } => {
+                let t = *op.outs.first()?;
+                jop["dims"] = Value::from(
+                    (0..ts[t].dims.len())
+                        .map(|j| small(t, j))
+                        .collect::<Vec<_>>(),
+                );
+            }
+            KernelOpKind::Customized { inputs, .. } => {
+                let bg = jop.get_mut("block_graph")?;
                 let mut grid = usizes(bg.get("grid_dim")?)?;
                 let mut new_grid: [Option<i64>; 3] = [None; 3];
+                let mut k = 0;
                 for bop in bg.get_mut("ops")?.as_array_mut()? {
                     if bop.get("op")?.as_str()? != "input" {
                         continue;
                     }
-                    let dims = usizes(bop.get("dims")?)?;
+                    let t = *inputs.get(k)?;
+                    k += 1;
                     let imap = usizes(bop.get("imap")?)?;
                     for (a, &j) in imap.iter().enumerate() {
-                        let Some(&e) = (j >= 0).then(|| dims.get(j as usize)).flatten() else {
+                        if j < 0 || grid[a] <= 1 {
                             continue;
-                        };
-                        let Some(&small) = map.get(&(e as usize)) else {
-                            continue;
-                        };
-                        let parts = (small as i64) / (e / grid[a]);
+                        }
+                        let (full, red) =
+                            (ts[t].dims[j as usize] as i64, small(t, j as usize) as i64);
+                        let parts = red / (full / grid[a]);
                         if *new_grid[a].get_or_insert(parts) != parts {
                             return None;
                         }
                     }
-                    remap(bop.get_mut("dims")?)?;
+                    bop["dims"] = Value::from(
+                        (0..ts[t].dims.len())
+                            .map(|j| small(t, j))
+                            .collect::<Vec<_>>(),
+                    );
                 }
-                for (a, p) in new_grid.iter().enumerate() {
-                    if let Some(p) = p {
-                        grid[a] = *p;
+                for (a, np) in new_grid.iter().enumerate() {
+                    if let Some(np) = np {
+                        grid[a] = *np;
                     }
                 }
                 bg["grid_dim"] = Value::from(grid);
             }
+            KernelOpKind::Reshape { .. } => return None,
             _ => {}
         }
     }
-    Some(())
-}
-
-/// `g` at the reduced extents, or None when it cannot be reduced (see the module doc).
-fn reduce(g: &KernelGraph, map: &ShrinkMap) -> Option<KernelGraph> {
-    let mut doc: Value = serde_json::from_str(&to_json(g)).ok()?;
-    rewrite(&mut doc, map)?;
     from_json(&doc.to_string()).ok()
 }
 
@@ -335,8 +449,8 @@ pub struct Verifier {
     target: KernelGraph,
     trials: usize,
     seed: u64,
-    /// Free extents and all extents of the target; None: no reduction.
-    extents: Option<(BTreeSet<usize>, BTreeSet<usize>)>,
+    /// The target's free classes; None: no reduction.
+    free: Option<Target>,
     full: OnceLock<Option<TrialCheck>>,
     reduced: Mutex<HashMap<ShrinkMap, Option<ReducedTarget>>>,
 }
@@ -345,27 +459,19 @@ impl Verifier {
     /// A verifier for `target`; `reduce_rows` enables the reduced-size check. Errors when the
     /// target cannot be fingerprinted at all.
     pub fn new(target: &KernelGraph, trials: usize, seed: u64, reduce_rows: bool) -> Result<Self> {
-        let extents = reduce_rows
-            .then(|| free_extents(target))
-            .flatten()
-            .filter(|f| !f.is_empty())
-            .map(|free| {
-                let all = target
-                    .tensors()
-                    .iter()
-                    .flat_map(|t| t.dims.iter().copied())
-                    .collect();
-                (free, all)
-            });
         let v = Verifier {
             target: target.clone(),
             trials,
             seed,
-            extents,
+            free: if reduce_rows {
+                Target::of(target)
+            } else {
+                None
+            },
             full: OnceLock::new(),
             reduced: Mutex::new(HashMap::new()),
         };
-        if v.extents.is_none() {
+        if v.free.is_none() {
             let check = TrialCheck::new(target, trials, seed)?;
             let _ = v.full.set(Some(check));
         }
@@ -379,14 +485,16 @@ impl Verifier {
     }
 
     /// The reduced target and its fingerprints for `map` (None: the target does not reduce).
-    fn reduced_target(&self, map: &ShrinkMap) -> Option<ReducedTarget> {
+    fn reduced_target(&self, free: &Target, map: &ShrinkMap) -> Option<ReducedTarget> {
         if let Some(hit) = self.reduced.lock().ok()?.get(map) {
             return hit.clone();
         }
-        let built = reduce(&self.target, map).and_then(|small| {
-            let check = TrialCheck::new(&small, self.trials, self.seed).ok()?;
-            Some(Arc::new((small, check)))
-        });
+        let built = plan(&self.target, free)
+            .and_then(|p| reduce(&self.target, &p, map))
+            .and_then(|small| {
+                let check = TrialCheck::new(&small, self.trials, self.seed).ok()?;
+                Some(Arc::new((small, check)))
+            });
         self.reduced.lock().ok()?.insert(map.clone(), built.clone());
         built
     }
@@ -394,15 +502,11 @@ impl Verifier {
     /// `g`'s reduced extents, its reduced twin and the matching reduced target, when all
     /// exist.
     fn twin(&self, g: &KernelGraph) -> Option<(ShrinkMap, KernelGraph, ReducedTarget)> {
-        let (free, all) = self.extents.as_ref()?;
-        let doc: Value = serde_json::from_str(&to_json(g)).ok()?;
-        let map = shrink_map(&doc, free, all)?;
-        if map.is_empty() {
-            return None;
-        }
-        let target = self.reduced_target(&map)?;
-        let small = reduce(g, &map)?;
-        (output_dims(&small) == output_dims(&target.0)).then_some((map, small, target))
+        let free = self.free.as_ref()?;
+        let p = plan(g, free)?;
+        let target = self.reduced_target(free, &p.map)?;
+        let small = reduce(g, &p, &p.map)?;
+        (output_dims(&small) == output_dims(&target.0)).then_some((p.map, small, target))
     }
 
     /// Whether `g` is equivalent to the target (false when it cannot be evaluated).
@@ -413,10 +517,18 @@ impl Verifier {
         }
     }
 
-    /// The (full, reduced) extents `g` is verified at (empty: full size).
+    /// The (full, reduced) extents of the dims `g` is verified at reduced (empty: full size).
     pub fn reduced_extents(&self, g: &KernelGraph) -> Vec<(usize, usize)> {
+        let Some(free) = &self.free else {
+            return vec![];
+        };
         self.twin(g)
-            .map(|(map, _, _)| map.into_iter().collect())
+            .map(|(map, _, _)| {
+                let mut v: Vec<(usize, usize)> =
+                    map.into_iter().map(|(c, e)| (free.classes[c], e)).collect();
+                v.sort_unstable();
+                v
+            })
             .unwrap_or_default()
     }
 }
@@ -449,12 +561,26 @@ mod tests {
     }
 
     #[test]
-    fn free_extents_exclude_contracted_and_tied_dims() {
-        let free = free_extents(&rmsnorm_linear(256, 64, 192)).unwrap();
-        assert_eq!(free, BTreeSet::from([192, 256]));
-        // N equals the contracted K: the value is ambiguous, so it stays at full size
-        let free = free_extents(&rmsnorm_linear(256, 64, 64)).unwrap();
-        assert_eq!(free, BTreeSet::from([256]));
+    fn free_classes_are_the_dims_no_op_binds() {
+        let t = Target::of(&rmsnorm_linear(256, 64, 192)).unwrap();
+        assert_eq!(t.classes, vec![256, 192]); // M, N; K is contracted
+        assert_eq!(
+            t.input_class,
+            vec![vec![Some(0), None], vec![None, Some(1)]]
+        );
+        // N has K's extent and is still free: classes, not values
+        let t = Target::of(&rmsnorm_linear(256, 64, 64)).unwrap();
+        assert_eq!(t.classes, vec![256, 64]);
+    }
+
+    #[test]
+    fn a_dim_with_a_contracted_dims_extent_is_reduced_too() {
+        let target = rmsnorm_linear(256, 192, 192);
+        let v = Verifier::new(&target, 2, 3, true).unwrap();
+        let good = fused(256, 192, 192, [8, 3], "div");
+        assert_eq!(v.reduced_extents(&good), vec![(192, 128), (256, 64)]);
+        assert!(v.matches(&good));
+        assert!(!v.matches(&fused(256, 192, 192, [8, 3], "mul")));
     }
 
     #[test]
@@ -489,7 +615,7 @@ mod tests {
         assert_eq!(v.reduced_extents(&rows_only), vec![(256, 32)]);
         assert!(v.matches(&rows_only));
         // the library baseline (no tiles) is reduced to the smallest row count
-        assert_eq!(v.reduced_extents(&target), vec![(192, 32), (256, 48)]);
+        assert_eq!(v.reduced_extents(&target), vec![(192, 48), (256, 32)]);
         assert!(v.matches(&target));
     }
 }
