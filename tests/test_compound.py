@@ -128,6 +128,9 @@ def test_the_search_fuses_each_builder() -> None:
     g, (x, w, s, b) = _graph((8, 512), (512, 256), (256,), (256,))
     g.mark_output(g.gemm_layernorm(x, w, s, b))
     cases.append((g, "mlp"))
+    g, (x, w) = _graph((8, 512), (512, 256))
+    g.mark_output(g.gemm_softmax(x, w))
+    cases.append((g, None))
     for graph, config in cases:
         res = yr.search(
             graph, backend="cpu", config=config, device_spec=REFERENCE_CPU, deterministic=True
