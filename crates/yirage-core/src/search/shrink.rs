@@ -25,13 +25,13 @@
 //! before it is used; `SearchConfig::verify_full_size` turns the reduction off.
 
 use crate::block_graph::BlockOpKind;
-use crate::error::Result;
+use crate::error::{CoreError, Result};
 use crate::fingerprint::TrialCheck;
 use crate::json::{from_json, to_json};
 use crate::kernel_graph::{KernelGraph, KernelOpKind};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// Smallest reduced extent of a free dim that no tile constrains.
 const MIN_ROWS: usize = 32;
@@ -436,6 +436,10 @@ fn reduce(g: &KernelGraph, p: &Plan, map: &ShrinkMap) -> Option<KernelGraph> {
     from_json(&doc.to_string()).ok()
 }
 
+fn poisoned() -> CoreError {
+    CoreError::Evaluation("fingerprint verifier: a lock was poisoned by a panic".into())
+}
+
 fn output_dims(g: &KernelGraph) -> Vec<Vec<usize>> {
     g.outputs()
         .iter()
@@ -451,7 +455,11 @@ pub struct Verifier {
     seed: u64,
     /// The target's free classes; None: no reduction.
     free: Option<Target>,
-    full: OnceLock<Option<TrialCheck>>,
+    /// Built when first needed. No lock is held while a check is built: a check is built
+    /// with rayon, and a rayon thread waiting for a lock may be the one holding it (it steals
+    /// another candidate's check while it waits for its own tasks), so two threads may build
+    /// the same check and one copy is kept.
+    full: Mutex<Option<Arc<Option<TrialCheck>>>>,
     reduced: Mutex<HashMap<ShrinkMap, Option<ReducedTarget>>>,
 }
 
@@ -468,26 +476,29 @@ impl Verifier {
             } else {
                 None
             },
-            full: OnceLock::new(),
+            full: Mutex::new(None),
             reduced: Mutex::new(HashMap::new()),
         };
         if v.free.is_none() {
             let check = TrialCheck::new(target, trials, seed)?;
-            let _ = v.full.set(Some(check));
+            *v.full.lock().map_err(|_| poisoned())? = Some(Arc::new(Some(check)));
         }
         Ok(v)
     }
 
-    fn full(&self) -> Option<&TrialCheck> {
-        self.full
-            .get_or_init(|| TrialCheck::new(&self.target, self.trials, self.seed).ok())
-            .as_ref()
+    fn full(&self) -> Option<Arc<Option<TrialCheck>>> {
+        if let Some(hit) = self.full.lock().ok()?.clone() {
+            return Some(hit);
+        }
+        let built = Arc::new(TrialCheck::new(&self.target, self.trials, self.seed).ok());
+        Some(self.full.lock().ok()?.get_or_insert(built).clone())
     }
 
     /// The reduced target and its fingerprints for `map` (None: the target does not reduce).
     fn reduced_target(&self, free: &Target, map: &ShrinkMap) -> Option<ReducedTarget> {
-        if let Some(hit) = self.reduced.lock().ok()?.get(map) {
-            return hit.clone();
+        let hit = self.reduced.lock().ok()?.get(map).cloned();
+        if let Some(hit) = hit {
+            return hit;
         }
         let built = plan(&self.target, free)
             .and_then(|p| reduce(&self.target, &p, map))
@@ -513,7 +524,9 @@ impl Verifier {
     pub fn matches(&self, g: &KernelGraph) -> bool {
         match self.twin(g) {
             Some((_, small, target)) => target.1.matches(&small),
-            None => self.full().is_some_and(|c| c.matches(g)),
+            None => self
+                .full()
+                .is_some_and(|c| c.as_ref().as_ref().is_some_and(|c| c.matches(g))),
         }
     }
 
