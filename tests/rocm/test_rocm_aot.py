@@ -94,6 +94,9 @@ def test_every_printing_compiles_for_gfx942(name: str) -> None:
     for i, cand in enumerate(cands):
         source = backend.codegen(cand.kernel_plan())
         for variant, src in source.triton_variants.items():
+            if not src.plan.generated:  # the baseline printed as eager runs it: no kernels
+                assert variant == "triton_eager"
+                continue
             module = yirage_triton.load_triton_module(
                 yirage_triton.write_triton_module(src.text, src.codegen_version)
             )
