@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from yirage._env import EnvVar, register_env_var
-from yirage.plugin import ConfigError
+from yirage.plugin import ConfigError, EnvVar, register_env_var
 
 YIRAGE_CPU_THREADS = register_env_var(
     EnvVar(
