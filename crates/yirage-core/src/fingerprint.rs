@@ -52,7 +52,7 @@ use crate::shape::{fmt_dims, numel, Dims};
 use crate::DType;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Name of the fingerprint scheme: digests (and search results verified by them) of two
 /// schemes are not comparable. v2: unknown residues mod q after an exp. v3: a seeded exp
@@ -552,8 +552,12 @@ pub fn float_inputs(g: &KernelGraph, seed: u64, draw: u64) -> Vec<Vec<Tensor>> {
 struct FloatRun {
     inputs: Vec<Vec<Tensor>>,
     plain: Option<Vec<Tensor>>,
-    balls: OnceLock<Option<Vec<Dense<Ball>>>>,
+    /// Computed when first needed, with no lock held (see [`TrialCheck`]'s `floats`).
+    balls: Mutex<Option<Arc<Balls>>>,
 }
+
+/// A graph's outputs as balls (None: the evaluator could not bound them).
+type Balls = Option<Vec<Dense<Ball>>>;
 
 impl FloatRun {
     fn new(g: &KernelGraph, seed: u64, draw: u64) -> FloatRun {
@@ -564,18 +568,24 @@ impl FloatRun {
         FloatRun {
             inputs,
             plain,
-            balls: OnceLock::new(),
+            balls: Mutex::new(None),
         }
     }
 
-    fn balls(&self, g: &KernelGraph) -> Option<&Vec<Dense<Ball>>> {
-        self.balls
-            .get_or_init(|| {
-                evaluate_balls(g, &self.inputs)
-                    .ok()
-                    .map(|o| o.into_iter().flatten().collect())
-            })
-            .as_ref()
+    fn balls(&self, g: &KernelGraph) -> Arc<Balls> {
+        let cached = self.balls.lock().map(|b| b.clone()).unwrap_or(None);
+        if let Some(hit) = cached {
+            return hit;
+        }
+        let balls = Arc::new(
+            evaluate_balls(g, &self.inputs)
+                .ok()
+                .map(|o| o.into_iter().flatten().collect()),
+        );
+        match self.balls.lock() {
+            Ok(mut b) => b.get_or_insert(balls).clone(),
+            Err(_) => balls,
+        }
     }
 }
 
@@ -674,7 +684,10 @@ pub struct TrialCheck {
     /// search's setting; [`equivalent`] always runs it).
     skip_veto: bool,
     /// The target's float64 outputs per draw (computed when first needed).
-    floats: OnceLock<Vec<FloatRun>>,
+    /// No lock is held while they are computed: the evaluator runs matmuls with rayon, and a
+    /// rayon thread waiting on a lock may be the one holding it (it can steal another
+    /// candidate's check while it waits), so two threads may compute them and one copy is kept.
+    floats: Mutex<Option<Arc<Vec<FloatRun>>>>,
     target: KernelGraph,
 }
 
@@ -707,7 +720,7 @@ impl TrialCheck {
             scalars: graph_scalars(target),
             alone: field_decides_in_search(target),
             skip_veto: true,
-            floats: OnceLock::new(),
+            floats: Mutex::new(None),
             target: target.clone(),
         })
     }
@@ -765,11 +778,7 @@ impl TrialCheck {
     /// field-equal pair) plain float64 outputs that agree closely end it (as `Unknown`: no
     /// certain difference); otherwise the balls decide.
     pub fn cross_check(&self, g: &KernelGraph, strict: bool) -> CrossCheck {
-        let targets = self.floats.get_or_init(|| {
-            (0..CROSS_CHECK_DRAWS)
-                .map(|d| FloatRun::new(&self.target, self.seed, d))
-                .collect()
-        });
+        let targets = self.target_floats();
         let mut out = CrossCheck::Agree;
         for (d, target) in targets.iter().enumerate() {
             match self.cross_check_draw(target, g, d as u64, strict) {
@@ -779,6 +788,23 @@ impl TrialCheck {
             }
         }
         out
+    }
+
+    /// The target's float64 outputs per draw, computed when first needed.
+    fn target_floats(&self) -> Arc<Vec<FloatRun>> {
+        let cached = self.floats.lock().map(|f| f.clone()).unwrap_or(None);
+        if let Some(hit) = cached {
+            return hit;
+        }
+        let runs: Arc<Vec<FloatRun>> = Arc::new(
+            (0..CROSS_CHECK_DRAWS)
+                .map(|d| FloatRun::new(&self.target, self.seed, d))
+                .collect(),
+        );
+        match self.floats.lock() {
+            Ok(mut f) => f.get_or_insert(runs).clone(),
+            Err(_) => runs,
+        }
     }
 
     /// [`TrialCheck::cross_check`] on one draw.
@@ -797,7 +823,7 @@ impl TrialCheck {
                 }
             }
         }
-        match (target.balls(&self.target), got.balls(g)) {
+        match (&*target.balls(&self.target), &*got.balls(g)) {
             (Some(a), Some(b)) => cross_compare(a, b),
             _ => CrossCheck::Unknown,
         }
