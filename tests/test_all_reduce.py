@@ -396,3 +396,54 @@ def test_torch_distributed_gloo_two_processes(rng: np.random.Generator, tmp_path
         out = np.load(tmp_path / f"out{r}.npy")
         assert out.shape == (8, 128)
         assert _rel(out, ref[r]) < 1e-4
+
+
+def _interpreted_plan(g: yr.KernelGraph) -> tuple[Any, dict[str, Any]]:
+    """The CUDA backend's interpreted launcher of ``g``'s library baseline, and its plan."""
+    from yirage_cuda import CudaBackend
+
+    be = CudaBackend(interpret=True)
+    spec = _search.device_spec_json(be.device_spec(), "cuda")[0]
+    plan = json.loads(_core.kernel_plan(g._g.promote_ranks(), spec))
+    return be.load(be.compile(be.codegen(plan))), plan
+
+
+@needs_torch
+@needs_triton
+def test_all_reduce_sums_a_fresh_intermediate_in_place(rng: np.random.Generator) -> None:
+    import torch
+
+    g = yr.new_kernel_graph(world_size=2)
+    x, w = g.new_input((4, 16), F32), g.new_input((16, 8), F32)
+    g.mark_output(g.rms_norm(g.all_reduce(g.matmul(x, w)), (8,)))
+    launcher, plan = _interpreted_plan(g)
+    assert [k["op"] for k in plan["kernels"]] == ["matmul", "all_reduce", "rms_norm"]
+    source = launcher.active.module.__loader__.get_source(launcher.active.module.__name__) or ""
+    # the matmul's output is read by the all_reduce alone: summed where it lies, no copy
+    assert "_yr_all_reduce(buf" in source and ".clone()" not in source
+    per_rank = [[torch.randn(4, 16), torch.randn(16, 8)] for _ in range(2)]
+    kept = [[t.clone() for t in r] for r in per_rank]
+    outs = _collectives.run_ranks(lambda r: launcher.active.module.launch(per_rank[r]), 2)
+    (ref,) = g.evaluate([np.stack([p[i].numpy() for p in per_rank]) for i in range(2)])
+    for r in range(2):
+        assert _rel(outs[r][0].double().numpy(), ref[r]) < 1e-5
+        assert all(torch.equal(a, b) for a, b in zip(per_rank[r], kept[r], strict=True))
+
+
+@needs_torch
+@needs_triton
+def test_all_reduce_of_a_view_of_an_input_copies_it(rng: np.random.Generator) -> None:
+    import torch
+
+    g = yr.new_kernel_graph(world_size=2)
+    x = g.new_input((4, 16), F32)
+    g.mark_output(g.all_reduce(g.reshape(x, (8, 8))))
+    launcher, plan = _interpreted_plan(g)
+    assert [k["op"] for k in plan["kernels"]] == ["reshape", "all_reduce"]
+    per_rank = [[torch.randn(4, 16)] for _ in range(2)]
+    kept = [r[0].clone() for r in per_rank]
+    outs = _collectives.run_ranks(lambda r: launcher.active.module.launch(per_rank[r]), 2)
+    want = (kept[0] + kept[1]).reshape(8, 8)
+    for r in range(2):
+        assert torch.allclose(outs[r][0], want)
+        assert torch.equal(per_rank[r][0], kept[r])  # the reshape's view was not summed into

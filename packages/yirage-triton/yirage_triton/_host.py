@@ -130,9 +130,11 @@ def library_lines(
             expr = f"{f[0]}.reshape({tuple(int(d) for d in p['dims'])})"
         elif k.op == "all_reduce":
             # the sum over the ranks through the calling thread's collective
-            # (yirage.plugin.all_reduce: torch.distributed by default); a copy, never an input
+            # (yirage.plugin.all_reduce: torch.distributed by default), in place on an
+            # intermediate no other kernel reads, else on a copy (never on an input)
             lines.append("from yirage.plugin import all_reduce as _yr_all_reduce")
-            expr = f"_yr_all_reduce({f[0]}.clone(), {int(p.get('world_size', 1))})"
+            operand = f[0] if _summed_in_place(plan, k) else f"{f[0]}.clone()"
+            expr = f"_yr_all_reduce({operand}, {int(p.get('world_size', 1))})"
         else:  # pragma: no cover - validated by the parser
             raise CodegenError(f"library op {k.op!r} has no torch lowering")
     name = names[out_buf.id]
@@ -144,6 +146,30 @@ def library_lines(
             f".reshape({tuple(out_buf.dims)}).contiguous()"
         )
     return lines
+
+
+#: Library ops whose torch lowering returns a new tensor (never a view of an operand).
+_ALLOCATING_OPS = frozenset(
+    ("matmul", "unary", "binary", "reduction", "rms_norm", "softmax", "concat", "reduce_max")
+)
+
+
+def _summed_in_place(plan: Plan, k: LibraryKernel) -> bool:
+    """Whether all_reduce kernel ``k`` may sum its operand in place: an intermediate of the
+    operand's dtype (no conversion copy) that no other kernel reads."""
+    src = plan.buffer(k.inputs[0])
+    if src.role != "intermediate" or src.dtype != plan.buffer(k.outputs[0]).dtype:
+        return False
+    for other in plan.kernels:
+        if isinstance(other, LibraryKernel):
+            if src.id in other.outputs and other.op not in _ALLOCATING_OPS:
+                return False  # a view (reshape, permute, chunk) may share an input's memory
+            reads = other.inputs
+        else:
+            reads = tuple(a.buffer for a in other.inputs)
+        if other is not k and src.id in reads:
+            return False
+    return True
 
 
 def is_library_plan(plan: Plan) -> bool:

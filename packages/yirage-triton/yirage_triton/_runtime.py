@@ -171,7 +171,11 @@ class Launcher:
     def run_unchecked(self, inputs: Sequence[Any]) -> list[Any]:
         """Launch without checks (for profiling loops and graph capture)."""
         if not self.interpret and inputs:
-            with _device_api(inputs[0].device).device(inputs[0].device):
+            dev = inputs[0].device
+            api = _device_api(dev)
+            if dev.index is None or dev.index == api.current_device():
+                return list(self.module.launch(list(inputs)))  # no device switch on the host path
+            with api.device(dev):
                 return list(self.module.launch(list(inputs)))
         with interpret_mode(True):  # Triton consults TRITON_INTERPRET while running, too
             return list(self.module.launch(list(inputs)))

@@ -49,6 +49,7 @@ from yirage._graph import (
     new_kernel_graph,
     new_threadblock_graph,
 )
+from yirage._capture import CapturedKernel
 from yirage._kernel import OptimizedKernel, load_kernel
 from yirage._registry import (
     BackendInfo,
@@ -72,6 +73,7 @@ __all__ = [
     "BackendUnavailableError",
     "Candidate",
     "CandidateReport",
+    "CapturedKernel",
     "ConfigError",
     "DTensor",
     "DType",

@@ -89,7 +89,7 @@ def all_reduce(x: Any, world_size: int) -> Any:
         return x
     c = current()
     if c is None:
-        c = TorchDistributed(world_size)
+        c = _torch_distributed(world_size)
     if c.world_size != world_size:
         raise BackendError(
             f"the kernel's all_reduce spans {world_size} ranks but the collective in use has "
@@ -107,6 +107,28 @@ def _launch_hint(world_size: int) -> str:
         f"rank (or launch the script with `torchrun --nproc-per-node {world_size}`), or run all "
         "ranks in this process with OptimizedKernel.run_ranks(...)"
     )
+
+
+#: The TorchDistributed of the default process group, per world size (a kernel call's
+#: all_reduce is on the host path of every step: checking the group once saves its lookups).
+_TORCH_GROUPS: dict[int, tuple[Any, TorchDistributed]] = {}
+
+
+def _torch_distributed(world_size: int) -> TorchDistributed:
+    """The cached :class:`TorchDistributed` while the default group is the one it was made
+    for (a destroyed and re-initialised group gets a new one)."""
+    try:
+        import torch.distributed as dist
+
+        group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    except ImportError:
+        group = None
+    hit = _TORCH_GROUPS.get(world_size)
+    if hit is not None and group is not None and hit[0] is group:
+        return hit[1]
+    made = TorchDistributed(world_size)  # raises with the fix when there is no group
+    _TORCH_GROUPS[world_size] = (group, made)
+    return made
 
 
 class TorchDistributed:

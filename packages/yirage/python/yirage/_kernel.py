@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from yirage import _collectives, _core
+from yirage import _capture, _collectives, _core
 from yirage._backend import Backend
 
 # Names that lived here before the numeric check, the reports and Shapes got modules of their
@@ -97,6 +97,18 @@ class OptimizedKernel:
         if shapes.identity:
             return list(self._launcher(*tensors))
         return shapes.to_user(list(self._launcher(*shapes.to_kernel(tensors))))
+
+    def capture(self, *tensors: Any) -> _capture.CapturedKernel:
+        """This kernel's call on ``tensors`` captured into a device graph (GPU backends): the
+        returned :class:`~yirage.CapturedKernel` replays every launch of the plan, collectives
+        included, with one host call. ``captured()`` replays on ``tensors``;
+        ``captured(*others)`` copies ``others`` into them first. The outputs it returns are
+        the same tensors at every replay (clone what must outlive the next one). A
+        multi-device kernel is captured in every rank, after ``torch.distributed`` is
+        initialised (NCCL)."""
+        return _capture.capture(
+            self.__call__, tensors, self._backend.torch_device, self._backend.name
+        )
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,111 @@
+"""Device-graph capture of a kernel call (private; the public entry point is
+:meth:`yirage.OptimizedKernel.capture`).
+
+A kernel call on a GPU costs host time per launch (Python, argument checks, each generated
+kernel's and each library call's launch) on top of the device time. Captured once into a
+device graph (``torch.cuda.CUDAGraph``; ``torch.npu`` where that backend has one), a call
+replays every launch of the plan, collectives included (NCCL all_reduce can be captured once
+its communicator exists), with one host call.
+
+The graph reads its inputs from, and writes its outputs to, fixed addresses: the captured
+call's tensors. Calling the captured kernel with other tensors copies them into those
+inputs first; the outputs it returns are the same tensors at every replay, overwritten by the
+next one (``torch.cuda.graphs`` has the same contract): clone what must outlive a replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from yirage._errors import BackendError, ShapeError
+
+__all__ = ["CapturedKernel", "capture"]
+
+#: Calls run on a side stream before capture: they compile what is left to compile and make
+#: collectives create their communicators, neither of which can happen inside a capture.
+WARMUP_CALLS = 3
+
+
+def _graph_api(device_type: str | None, backend: str) -> Any:
+    """torch's namespace with graph capture for ``device_type`` (``torch.cuda`` …)."""
+    if device_type is None:
+        raise BackendError(
+            f"the {backend} backend runs on host arrays, which have no device graphs: "
+            "capture() needs a GPU backend (backend='cuda' or 'rocm'); call the kernel directly"
+        )
+    import torch
+
+    api = getattr(torch, device_type, None)
+    graph_type = getattr(api, "CUDAGraph", None) or getattr(api, "NPUGraph", None)
+    if api is None or graph_type is None or not hasattr(api, "graph"):
+        raise BackendError(
+            f"torch.{device_type} has no graph capture, so the {backend} backend's kernels "
+            "cannot be captured: call the kernel directly"
+        )
+    return api
+
+
+class CapturedKernel:
+    """A kernel call captured into a device graph: ``captured()`` replays it on the captured
+    inputs, ``captured(*tensors)`` copies ``tensors`` into them first (same shapes and dtypes
+    as at capture); both return the captured outputs (overwritten by the next replay)."""
+
+    def __init__(self, api: Any, graph: Any, inputs: list[Any], outputs: list[Any]) -> None:
+        self._api = api
+        self._graph = graph
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def __call__(self, *tensors: Any) -> list[Any]:
+        if tensors:
+            self._load(tensors)
+        self._graph.replay()
+        return self.outputs
+
+    def _load(self, tensors: Sequence[Any]) -> None:
+        if len(tensors) != len(self.inputs):
+            raise ShapeError(
+                f"the captured kernel takes {len(self.inputs)} inputs (or none, to replay on "
+                f"the captured ones), got {len(tensors)}"
+            )
+        for i, (new, static) in enumerate(zip(tensors, self.inputs, strict=True)):
+            if new is static:
+                continue
+            if tuple(new.shape) != tuple(static.shape) or new.dtype != static.dtype:
+                raise ShapeError(
+                    f"input {i} is {tuple(new.shape)} {new.dtype}; the kernel was captured for "
+                    f"{tuple(static.shape)} {static.dtype}: capture it again for these inputs"
+                )
+            static.copy_(new)
+
+    def __repr__(self) -> str:
+        return f"<CapturedKernel: {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
+
+
+def capture(
+    call: Callable[..., list[Any]], inputs: Sequence[Any], device_type: str | None, backend: str
+) -> CapturedKernel:
+    """Capture ``call(*inputs)`` (a kernel call on ``backend``'s ``device_type`` tensors)."""
+    api = _graph_api(device_type, backend)
+    ins = list(inputs)
+    devices = {str(t.device) for t in ins if hasattr(t, "device")}
+    if len(devices) != 1 or len(ins) != sum(hasattr(t, "device") for t in ins):
+        raise BackendError(
+            f"capture() takes the kernel's inputs as {device_type} tensors on one device, got "
+            f"{sorted(devices) or [type(t).__name__ for t in ins]}"
+        )
+    dev = ins[0].device
+    side = api.Stream(dev)
+    side.wait_stream(api.current_stream(dev))
+    with api.stream(side):
+        for _ in range(WARMUP_CALLS):
+            call(*ins)
+    api.current_stream(dev).wait_stream(side)
+    api.synchronize(dev)
+    graph = getattr(api, "CUDAGraph", None) or api.NPUGraph
+    g = graph()
+    with api.graph(g):
+        outputs = list(call(*ins))
+    api.synchronize(dev)
+    return CapturedKernel(api, g, ins, outputs)
