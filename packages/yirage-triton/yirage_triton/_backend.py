@@ -198,6 +198,23 @@ class TritonBackend(Backend):
     def device_spec(self) -> DeviceSpec:
         return self.interpreter_spec() if self.interpret else self.live_device_spec()
 
+    def device_count(self) -> int:
+        """The device count when every visible device is one model (else 1: timings taken
+        on different models would not rank candidates for one of them)."""
+        if self.interpret:
+            return 1
+        api = self._device_api()
+        n = int(api.device_count())
+        if n <= 1 or len({api.get_device_name(i) for i in range(n)}) != 1:
+            return 1
+        return n
+
+    def use_device(self, index: int) -> None:
+        if self.interpret:
+            super().use_device(index)
+            return
+        self._device_api().set_device(index)
+
     def toolchain(self) -> dict[str, str]:
         tools = _toolchain.triton_versions()
         if self.interpret:

@@ -15,6 +15,7 @@ from yirage._backend import (
     ProbeResult,
     VerificationLevel,
 )
+from yirage._capture import CapturedKernel
 from yirage._dtypes import DType, bfloat16, float16, float32
 from yirage._env import ENV_VARS, EnvVar
 from yirage._errors import (
@@ -49,7 +50,6 @@ from yirage._graph import (
     new_kernel_graph,
     new_threadblock_graph,
 )
-from yirage._capture import CapturedKernel
 from yirage._kernel import OptimizedKernel, load_kernel
 from yirage._registry import (
     BackendInfo,

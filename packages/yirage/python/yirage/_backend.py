@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yirage._device_spec import DeviceSpec
-from yirage._errors import BackendUnavailableError, NotImplementedBackendError
+from yirage._errors import BackendError, BackendUnavailableError, NotImplementedBackendError
 
 __all__ = [
     "DEFAULT_VARIANT",
@@ -103,6 +103,18 @@ class Backend(ABC):
     def known_devices(self) -> dict[str, DeviceSpec]:
         """The backend's datasheet table of known chips (may be empty)."""
         return {}
+
+    def device_count(self) -> int:
+        """How many devices of the driver's model this backend can run on in this process
+        (``superoptimize`` spreads compiling and profiling over them, one worker process
+        each; see :meth:`use_device`)."""
+        return 1
+
+    def use_device(self, index: int) -> None:
+        """Make device ``index`` (< :meth:`device_count`) the one this backend runs on in
+        this process (called first in each profiling worker process)."""
+        if index != 0:
+            raise BackendError(f"the {self.name} backend runs on one device; device {index} asked")
 
     @property
     def torch_device(self) -> str | None:

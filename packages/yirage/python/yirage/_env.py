@@ -20,10 +20,12 @@ __all__ = [
     "backends",
     "cache_dir",
     "log_level",
+    "profile_workers",
     "ray_address",
     "register_env_var",
     "require_device",
     "threads",
+    "worker_environment",
 ]
 
 
@@ -73,6 +75,13 @@ YIRAGE_LOGS = EnvVar(
     "WARNING",
     "Log level of the 'yirage' logger: DEBUG, INFO, WARNING, ERROR or CRITICAL.",
 )
+YIRAGE_PROFILE_WORKERS = EnvVar(
+    "YIRAGE_PROFILE_WORKERS",
+    None,
+    "Worker processes superoptimize compiles and profiles candidates in, worker i on the "
+    "backend's device i modulo the device count (0: none, everything in this process). Unset: "
+    "one per device where the backend sees several devices of one model, else none.",
+)
 YIRAGE_RAY_ADDRESS = EnvVar(
     "YIRAGE_RAY_ADDRESS",
     None,
@@ -96,6 +105,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     YIRAGE_BACKENDS,
     YIRAGE_CACHE_DIR,
     YIRAGE_LOGS,
+    YIRAGE_PROFILE_WORKERS,
     YIRAGE_RAY_ADDRESS,
     YIRAGE_REQUIRE_DEVICE,
     YIRAGE_THREADS,
@@ -163,6 +173,25 @@ def log_level() -> int:
     if upper not in _LEVELS:
         raise ConfigError(f"YIRAGE_LOGS={raw!r} is not a log level: expected one of {_LEVELS}")
     return int(getattr(logging, upper))
+
+
+def profile_workers() -> int | None:
+    """Worker processes from ``YIRAGE_PROFILE_WORKERS`` (0 or more), or None when unset."""
+    raw = YIRAGE_PROFILE_WORKERS.raw()
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise ConfigError(
+            f"YIRAGE_PROFILE_WORKERS={raw!r}: expected a whole number of worker processes "
+            "(0: profile in this process)"
+        )
+    return int(raw)
+
+
+def worker_environment() -> dict[str, str]:
+    """This process's environment for a profiling worker: the same, with workers of its own
+    turned off."""
+    return {**os.environ, YIRAGE_PROFILE_WORKERS.name: "0"}
 
 
 def ray_address() -> str | None:

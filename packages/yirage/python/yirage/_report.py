@@ -24,7 +24,8 @@ class CandidateReport:
     contender of its own. ``variant`` is the candidate's fastest variant that passed the
     checks, and ``measured_us`` / ``max_rel_err`` are that variant's; ``variant_us`` holds
     the best time of every variant that was timed, ``dropped_variants`` why the others left
-    the race (failed check, failed run, screened out)."""
+    the race (failed check, failed run, screened out). ``status`` "slower": profiled in a
+    worker process, too slow to be a finalist, so neither checked nor raced here."""
 
     index: int
     hash: str | None
@@ -84,6 +85,9 @@ class SuperoptimizeReport:
     total_s: float = 0.0
     from_cache: bool = False
     check_seed: int | None = None
+    #: the devices of the worker processes that compiled and profiled the candidates first
+    #: (empty: everything ran in this process; see docs/api.md "Several GPUs")
+    profiled_on: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +119,10 @@ class SuperoptimizeReport:
             + (" (decision from the disk cache)" if self.from_cache else ""),
             "  #  status              predicted µs  measured µs  max rel err  candidate",
         ]
+        if self.profiled_on:
+            lines.insert(
+                3, f"  profiled first on: {', '.join(self.profiled_on)} (worker processes)"
+            )
         for c in self.candidates:
             mark = "*" if c.index == self.chosen_index else " "
             lines.append(

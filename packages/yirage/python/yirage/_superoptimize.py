@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from yirage import _collectives, _decision, _race, _search, _stress
+from yirage import _collectives, _decision, _race, _search, _spread, _stress
 from yirage._backend import Backend
 from yirage._check import (
     arrays_to_backend,
@@ -235,6 +235,7 @@ def superoptimize(
     # candidates build and compile (seconds for GQA decode at kv 16384): both release the GIL.
     # The backend's tensors are made here, on the caller's thread (and its device).
     be, shapes, seed = run.be, run.shapes, run.seed
+    pool = _spread.pool_for(be, by_name=not isinstance(backend, Backend))  # starts meanwhile
     arrays = (
         None
         if be.check_input_generator() is not None
@@ -255,17 +256,24 @@ def superoptimize(
         else None
     )
     to_build = _to_profile(candidates, top_k)
-    contenders = build_stage(run, to_build, tensors)
-    tc = time.perf_counter()
-    reference = ref_future.result() if ref_future is not None else []
-    run.report.check_s += time.perf_counter() - tc  # what building and compiling did not hide
-    passing = check_stage(run, contenders, tensors, reference)
-    if stress_future is not None:
+    report_candidates(run, to_build)
+    baseline = {i for i, c in enumerate(to_build) if _is_baseline(c)}
+    contenders: list[Contender] = []
+    passing: list[Contender] = []
+    for tier in _tiers(run, pool, to_build, baseline, profile_options):
+        built = build_stage(run, to_build, tensors, tier)
+        contenders += built
         tc = time.perf_counter()
-        baseline = {i for i, c in enumerate(to_build) if _is_baseline(c)}
-        for stress in stress_future.result():
-            passing = _stress_check(be, graph, stress, passing, baseline, run.report)
-        run.report.check_s += time.perf_counter() - tc
+        reference = ref_future.result() if ref_future is not None else []
+        run.report.check_s += time.perf_counter() - tc  # what building did not hide
+        passing = check_stage(run, built, tensors, reference)
+        if stress_future is not None:
+            tc = time.perf_counter()
+            for stress in stress_future.result():
+                passing = _stress_check(be, graph, stress, passing, baseline, run.report)
+            run.report.check_s += time.perf_counter() - tc
+        if passing:
+            break
     if not passing:
         _settle(run, contenders, RaceResult(), None)
         raise run.fail(f"no candidate passed on {be.name}:")
@@ -407,13 +415,10 @@ def _report_dict(report: Any) -> dict[str, Any]:
 # -- build -------------------------------------------------------------------------------------
 
 
-def build_stage(run: _Run, to_build: list[Any], tensors: list[Any]) -> list[Contender]:
-    """Every variant of every candidate in ``to_build``, built side by side (toolchains such
-    as nvrtc, cc and Triton run outside the GIL), then precompiled together. A candidate
-    that fails to build is reported and dropped; no toolchain at all raises."""
-    report, be = run.report, run.be
+def report_candidates(run: _Run, to_build: list[Any]) -> None:
+    """One report entry per candidate to build, in ``to_build``'s order."""
     for index, cand in enumerate(to_build):
-        report.candidates.append(
+        run.report.candidates.append(
             CandidateReport(
                 index=index,
                 hash=_cand_attr(cand, "hash", "graph_hash"),
@@ -421,12 +426,76 @@ def build_stage(run: _Run, to_build: list[Any], tensors: list[Any]) -> list[Cont
                 predicted_us=_num(_cand_attr(cand, "predicted_us", "cost_us", "cost")),
             )
         )
+
+
+def _tiers(
+    run: _Run,
+    pool: _spread.WorkerPool | None,
+    to_build: list[Any],
+    baseline: set[int],
+    profile_options: Mapping[str, Any] | None,
+) -> list[list[int]]:
+    """The candidate indices to build and check, in turns: all at once, or, where worker
+    processes compiled and profiled them first (``yirage._spread``), the finalists and then
+    the rest (built and checked only when every finalist fails)."""
+    everything = list(range(len(to_build)))
+    if pool is None or len(to_build) < 2:
+        return [everything]
+    tp = time.perf_counter()
+    plans = [(i, _plan_dict(c.kernel_plan())) for i, c in enumerate(to_build)]
+    try:
+        results = pool.run(
+            run.graph.to_json(), run.seed, _spread.split(plans, len(pool)), _opts(profile_options)
+        )
+    except Exception as exc:  # a lost worker: everything is redone here, never in part
+        _spread.drop_pool(pool)
+        run.report.notes.append(
+            f"the profiling workers failed ({type(exc).__name__}: {exc}); every candidate was "
+            "compiled and profiled in this process instead"
+        )
+        return [everything]
+    run.report.profile_s += time.perf_counter() - tp
+    run.report.profiled_on = [r.device for r in results]
+    run.report.notes.append(_spread.describe(results))
+    for r in results:
+        for index, why in r.build_errors.items():
+            cr = run.report.candidates[index]
+            cr.status, cr.error = "error", why
+    first = _spread.finalists(results, baseline)
+    slower = [
+        i for i in everything if i not in first and run.report.candidates[i].status != "error"
+    ]
+    for i in slower:
+        times = [us for r in results for (j, _), us in r.best_us.items() if j == i]
+        cr = run.report.candidates[i]
+        cr.status = "slower"
+        cr.measured_us = min(times) if times else None
+        cr.error = (
+            "not a finalist: over the race's pruning ratio of the fastest time in the "
+            "profiling workers; built and checked only if every finalist fails"
+        )
+    return [first, slower] if slower else [first]
+
+
+def _opts(profile_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return None if profile_options is None else dict(profile_options)
+
+
+def build_stage(
+    run: _Run, to_build: list[Any], tensors: list[Any], indices: Sequence[int] | None = None
+) -> list[Contender]:
+    """Every variant of the candidates of ``to_build`` at ``indices`` (default: all), built
+    side by side (toolchains such as nvrtc, cc and Triton run outside the GIL), then
+    precompiled together. A candidate that fails to build is reported and dropped; no
+    toolchain at all raises."""
+    report, be = run.report, run.be
+    todo = list(range(len(to_build))) if indices is None else list(indices)
     tc = time.perf_counter()
     contenders: list[Contender] = []
-    workers = max(1, min(len(to_build), os.cpu_count() or 1, 16))
+    workers = max(1, min(len(todo), os.cpu_count() or 1, 16))
     with ThreadPoolExecutor(workers, thread_name_prefix="yirage-build") as pool:
-        futures = [pool.submit(_build, run, i, c) for i, c in enumerate(to_build)]
-        for index, fut in enumerate(futures):
+        futures = {i: pool.submit(_build, run, i, to_build[i]) for i in todo}
+        for index, fut in futures.items():
             try:
                 contenders += fut.result()
             except BackendUnavailableError:
