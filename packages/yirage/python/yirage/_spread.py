@@ -15,7 +15,8 @@ the rest are built and checked in turn. Workers are started when ``superoptimize
 
 Workers are used only for backends given by name (a worker builds its backend from the
 registry), for devices of the driver's model, and when there is more than one device or
-``YIRAGE_PROFILE_WORKERS`` asks for them (``0``: never).
+``YIRAGE_PROFILE_WORKERS`` asks for them (``0``: never); not by default in a rank of a
+``torch.distributed`` group (the other devices are the other ranks').
 """
 
 from __future__ import annotations
@@ -226,7 +227,18 @@ def worker_count(be: Backend) -> tuple[int, int]:
     asked = _env.profile_workers()
     if asked is not None:
         return asked, devices
+    if _in_process_group():
+        return 0, devices  # the other devices are the other ranks'
     return (devices if devices > 1 else 0), devices
+
+
+def _in_process_group() -> bool:
+    """Whether this process is one rank of an initialised torch.distributed group."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_initialized() and dist.get_world_size() > 1)
+    except Exception:
+        return False
 
 
 def pool_for(be: Backend, by_name: bool) -> WorkerPool | None:
