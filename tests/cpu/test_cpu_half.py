@@ -225,7 +225,11 @@ def test_predefined_macros_follow_pinned_flags() -> None:
     v4 = _toolchain.isa_report(cc, ("-O3", "-march=x86-64-v4"))
     assert {"f16c", "avx512f"} <= set(v4["isa"].split()) and v4["float16_path"] == "avx512f"
     base = _toolchain.isa_report(cc, ("-O3", "-march=x86-64"))
-    assert base == {"isa": "(baseline)", "float16_path": "portable"}
+    assert base == {
+        "isa": "(baseline)",
+        "float16_path": "portable",
+        "matmul_half_path": "bfloat16 portable, float16 portable",
+    }
 
 
 def test_the_launcher_reports_the_path_its_compile_took(build: Any) -> None:

@@ -58,8 +58,11 @@ def test_policy_follows_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in _POLICY_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3,2")
-    p = _threads.policy()
+    monkeypatch.setattr(_threads, "_machine_wide", lambda cores: False)
+    p = _threads.policy()  # the runnable count cannot tell: OMP_NUM_THREADS fixes it
     assert (p.fixed, p.source, p.current()) == (3, "OMP_NUM_THREADS", 3)
+    monkeypatch.undo()
+    monkeypatch.setenv("OMP_NUM_THREADS", "3,2")
     monkeypatch.setenv("YIRAGE_CPU_THREADS", "1")  # wins over OMP_NUM_THREADS
     p = _threads.policy()
     assert (p.fixed, p.source, p.current()) == (1, "YIRAGE_CPU_THREADS", 1)
@@ -77,6 +80,32 @@ def test_policy_follows_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # own spinning threads would look busy
     p = _threads.policy()
     assert p.fixed == p.cores and "spin" in p.source
+
+
+def test_omp_num_threads_caps_the_idle_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OMP_NUM_THREADS is the most threads a call gets; fewer while other tasks hold the
+    cores (OpenMP's dynamic adjustment), never more than the cores."""
+    for var in _POLICY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(_threads, "_machine_wide", lambda cores: True)
+    monkeypatch.setattr(_threads, "usable_cores", lambda: 4)
+    loads = iter([1, 1, 9, 3])
+    monkeypatch.setattr(_threads, "runnable_tasks", lambda: next(loads))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    p = _threads.policy()
+    assert p.adaptive and (p.cap, p.max_threads, p.source) == (2, 2, "OMP_NUM_THREADS")
+    assert "at most 2" in p.describe()
+    assert p.current() == 2  # idle machine: the cap
+    p._sampled_at -= _threads.SAMPLE_SECONDS
+    assert p.current() == 1  # 9 runnable on 4 cores
+    p._sampled_at -= _threads.SAMPLE_SECONDS
+    assert p.current() == 2  # 2 idle cores
+    monkeypatch.setattr(_threads, "runnable_tasks", lambda: 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "16")
+    assert _threads.policy().max_threads == 4
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")  # spinning: the count cannot tell
+    p = _threads.policy()
+    assert (p.fixed, p.adaptive) == (16, False)
 
 
 def test_adaptive_policy_samples_the_idle_cores(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -165,7 +165,7 @@ class CpuBackend(Backend):
         bits = self._simd_bits()
         flags, notes = _toolchain.select_flags(cc, bits)
         info = {"compiler": cc.describe(), "flags": " ".join(flags), "simd_width_bits": str(bits)}
-        info.update(_toolchain.isa_report(cc, flags))
+        info.update(_toolchain.isa_report(cc, flags, bits))
         if notes:
             info["notes"] = "; ".join(notes)
         return info

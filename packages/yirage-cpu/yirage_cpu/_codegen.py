@@ -27,6 +27,11 @@ How a generated kernel maps onto a CPU:
   AVX512-BF16 ``vcvtneps2bf16``, NEON ``fcvtl``/``fcvtn``; one path per ISA, chosen by the
   preprocessor, ``yr_half_path()`` names it); element conversions elsewhere are branch-free
   integer code the compiler vectorises on any ISA (bfloat16 widens by a shift);
+* a 16-bit tile that only matmuls read as their B operand (a weight) is not copied: the
+  micro-kernel reads it in place and widens one register at a time as it loads it
+  (bfloat16 by ``vpmovzxwd`` + ``vpslld`` with AVX2 / AVX-512, float16 by ``vcvtph2ps``,
+  portable vector code elsewhere; ``yr_matmul_half_path()`` names the path), so a weight
+  stream costs its 16-bit bytes and no staging pass;
 * every parallel region runs on ``yr_nt`` threads, which the runtime sets before each call
   (:mod:`yirage_cpu._threads`: the idle cores, or the count a variable fixes);
 * ``safe_softmax`` groups keep a running row max ``m``: ``exp(x - m)`` and each listed
@@ -76,7 +81,7 @@ __all__ = [
 PLAN_FORMAT = FORMAT
 PLAN_VERSION = VERSION
 #: Version of the printer; part of every compile-cache key.
-CODEGEN_VERSION = "8"
+CODEGEN_VERSION = "9"
 
 #: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
 _STACK_LIMIT = 256 * 1024
@@ -93,6 +98,8 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _HALF_ROW_MIN = 8
 _ROW_LOAD = {"float16": "yr_h2f_row", "bfloat16": "yr_bf2f_row"}
 _ROW_STORE = {"float16": "yr_f2h_row", "bfloat16": "yr_f2bf_row"}
+#: One SIMD register of floats widened from 16-bit elements in place (the matmul's B loads).
+_VEC_LOAD = {"float16": "yr_h2f_vec", "bfloat16": "yr_bf2f_vec"}
 #: Software prefetch of loop-phase input tiles (off: measured slower than the hardware
 #: prefetcher on x86, kept for targets without one), and how many bytes ahead it reaches.
 PREFETCH = False
@@ -197,12 +204,14 @@ class _Writer:
 @dataclass
 class _Tile:
     """A tile as the printer sees it: a float pointer (private array or in-place view of a
-    float32 buffer) with row-major-like strides (last stride 1)."""
+    float32 buffer) with row-major-like strides (last stride 1), or an in-place view of a
+    16-bit buffer (``dtype``) that only a matmul reads, widening as it loads."""
 
     ptr: str
     dims: tuple[int, ...]
     strides: tuple[int, ...]
     private: bool
+    dtype: str = "float32"
 
     def off(self, idx: Sequence[str]) -> str:
         """Offset expression at loop indices ``idx``; size-1 dims broadcast (index ignored)."""
@@ -252,6 +261,8 @@ class _Matmul:
     k: int
     n: int
     accumulate: bool
+    #: element type of B: float32, or float16/bfloat16 widened in registers as it is loaded
+    bt: str = "float32"
 
 
 # -- the printer of one generated kernel -----------------------------------------------------
@@ -420,11 +431,12 @@ class _KernelPrinter:
         if kin.shift_load is not None:
             self._emit_shifted_input(w, oid, kin, buf, off)
             return
-        if buf.dtype == "float32" and tuple(tile) == dims:
+        if tuple(tile) == dims and (buf.dtype == "float32" or self._only_matmul_b(oid)):
             name = f"v{oid}"
-            w(f"const float *restrict {name} = B{bid} + {off};")
+            ctype = _DTYPE_C[buf.dtype]
+            w(f"const {ctype} *restrict {name} = B{bid} + {off};")
             w(f"(void){name};")
-            self.tiles[oid] = _Tile(name, dims, bstrides, False)
+            self.tiles[oid] = _Tile(name, dims, bstrides, False, buf.dtype)
             return
         priv = self._private(oid, dims)
         self.tiles[oid] = priv
@@ -441,6 +453,16 @@ class _KernelPrinter:
         with self._nest(w, tile) as idx:
             el = f"B{bid}[{base} + {src.off(idx)}]"
             w(f"{priv.ptr}[{self._lin(idx, tile)}] = {_LOAD[buf.dtype].format(el)};")
+
+    def _only_matmul_b(self, oid: int) -> bool:
+        """Whether every reader of ``oid`` is a matmul taking it as B (then a 16-bit tile is
+        read in place and widened in the matmul's registers: no float copy is staged)."""
+        if any(out.src == oid for out in self.k.outputs):
+            return False
+        readers = [op for op in self.k.ops if oid in op.args]
+        return bool(readers) and all(
+            op.op == "matmul" and op.args[1] == oid and op.args[0] != oid for op in readers
+        )
 
     def _m_tile(self, load: TileAccess) -> tuple[int, str, _Tile]:
         """(buffer id, base offset expression, tile view) of a ``shift_load``'s tile."""
@@ -633,6 +655,7 @@ class _KernelPrinter:
                 k=kk,
                 n=n,
                 accumulate=mode == "+=",
+                bt=b.dtype,
             )
             nfull = (n // self.vl) * self.vl if self.vl > 1 else 0
             if nfull:
@@ -647,6 +670,8 @@ class _KernelPrinter:
         nv = nfull // vl
         c, mb = _blocking(mm.m, nv, self.vregs)
         j0 = self._fresh("j")
+        bct = _DTYPE_C[mm.bt]
+        widen = _VEC_LOAD.get(mm.bt)
 
         def body(rows: int, i0: str) -> None:
             # Few accumulators (e.g. 4 query rows x 1 vector) leave the FMA latency exposed:
@@ -665,10 +690,15 @@ class _KernelPrinter:
                     w("yr_vf " + ", ".join(f"{n} = {{0.0f}}" for n in names) + ";")
 
                 def step(kexpr: str, h: int) -> None:
-                    w(f"const float *restrict yr_bk{h} = {mm.b} + ({kexpr}) * {mm.sb} + {j0};")
+                    bk = f"yr_bk{h}"
+                    w(f"const {bct} *restrict {bk} = {mm.b} + ({kexpr}) * {mm.sb} + {j0};")
                     for v in range(c):
-                        w(f"yr_vf yr_b{v}_{h};")
-                        w(f"memcpy(&yr_b{v}_{h}, yr_bk{h} + {v * vl}, {vlb});")
+                        if widen is None:
+                            w(f"yr_vf yr_b{v}_{h};")
+                            w(f"memcpy(&yr_b{v}_{h}, {bk} + {v * vl}, {vlb});")
+                        else:
+                            w(f"yr_vf yr_b{v}_{h};")
+                            w(f"{widen}({bk} + {v * vl}, &yr_b{v}_{h});")
                     for r in range(rows):
                         w(f"const float yr_s{r}_{h} = yr_a{r}[{kexpr}];")
                         for v in range(c):
@@ -710,6 +740,8 @@ class _KernelPrinter:
         width = mm.n - j_start
         mode = "+=" if mm.accumulate else "="
         row = self._fresh("mi")
+        bct = _DTYPE_C[mm.bt]
+        bj = _LOAD[mm.bt].format("yr_br[j]")
         with w.block(f"for (int {row} = 0; {row} < {mm.m}; ++{row})"):
             w(f"const float *restrict yr_ar = {mm.a} + {row} * {mm.sa};")
             w(f"float *restrict yr_cr = {mm.c} + {row} * {mm.sc} + {j_start};")
@@ -719,9 +751,9 @@ class _KernelPrinter:
                 w(f"for (int j = 0; j < {width}; ++j) yr_acc[j] = 0.0f;")
                 with w.block(f"for (int k = 0; k < {mm.k}; ++k)"):
                     w("const float yr_a = yr_ar[k];")
-                    w(f"const float *restrict yr_br = {mm.b} + k * {mm.sb} + {j_start};")
+                    w(f"const {bct} *restrict yr_br = {mm.b} + k * {mm.sb} + {j_start};")
                     w("#pragma omp simd")
-                    w(f"for (int j = 0; j < {width}; ++j) yr_acc[j] += yr_a * yr_br[j];")
+                    w(f"for (int j = 0; j < {width}; ++j) yr_acc[j] += yr_a * {bj};")
                 w("#pragma omp simd")
                 w(f"for (int j = 0; j < {width}; ++j) yr_cr[j] {mode} yr_acc[j];")
             else:
@@ -730,9 +762,9 @@ class _KernelPrinter:
                     w(f"for (int j = 0; j < {width}; ++j) yr_cr[j] = 0.0f;")
                 with w.block(f"for (int k = 0; k < {mm.k}; ++k)"):
                     w("const float yr_a = yr_ar[k];")
-                    w(f"const float *restrict yr_br = {mm.b} + k * {mm.sb} + {j_start};")
+                    w(f"const {bct} *restrict yr_br = {mm.b} + k * {mm.sb} + {j_start};")
                     w("#pragma omp simd")
-                    w(f"for (int j = 0; j < {width}; ++j) yr_cr[j] += yr_a * yr_br[j];")
+                    w(f"for (int j = 0; j < {width}; ++j) yr_cr[j] += yr_a * {bj};")
 
     def _emit_reduction(self, w: _Writer, oid: int, op: TileOp) -> None:
         x = self.tiles[op.args[0]]
@@ -1643,6 +1675,7 @@ static inline void yr_f2bf_row(const float *restrict src, uint16_t *restrict dst
     yr_f2bf_tail(src + i, dst + i, n - i);
 }
 
+%(vec_widen)s
 /* exp for float that vectorises (no libm call, no branches: GCC if-converts the selects):
  * Cody-Waite range reduction around n = rint(x / ln 2) and a degree-6 polynomial (about
  * 1 ulp); the scale 2^n is applied in two halves so results underflow to denormals/zero
@@ -1677,6 +1710,131 @@ static inline float yr_exp(float x) {
  * the idle cores: yirage_cpu._threads); 0 or less: OpenMP's default. */
 int yr_nt = 0;
 static inline int yr_threads(void) { return yr_nt > 0 ? yr_nt : omp_get_max_threads(); }
+"""
+
+
+def _f16_vec_c(vlb: int) -> str:
+    """The body of ``yr_h2f_vec`` for a ``vlb``-byte register: the ISA's conversion
+    instruction per 8 (or 16) floats on the F16C / AVX-512 / NEON paths, else yr_h2f per
+    element (the portable path)."""
+    vl = vlb // 4
+    lines = []
+    if vlb == 64:
+        lines += [
+            "#if defined(YR_HALF_AVX512)",
+            "    const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));",
+            "    memcpy(f, &x, 64);",
+            "#elif defined(YR_HALF_F16C)",
+        ]
+    else:
+        lines.append("#if defined(YR_HALF_AVX512) || defined(YR_HALF_F16C)")
+    if vlb >= 32:
+        lines += [
+            f"    for (int c = 0; c < {vl // 8}; ++c) {{",
+            "        const __m128i h = _mm_loadu_si128((const __m128i *)(p + 8 * c));",
+            "        const __m256 x = _mm256_cvtph_ps(h);",
+            "        memcpy((float *)f + 8 * c, &x, 32);",
+            "    }",
+        ]
+    elif vlb == 16:
+        lines += [
+            "    const __m128 x = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));",
+            "    memcpy(f, &x, 16);",
+        ]
+    else:
+        lines.append(f"    for (int i = 0; i < {vl}; ++i) (*f)[i] = yr_h2f(p[i]);")
+    if vlb >= 16:
+        lines += [
+            "#elif defined(YR_HALF_NEON)",
+            f"    for (int c = 0; c < {vl // 4}; ++c)",
+            "        vst1q_f32((float *)f + 4 * c,",
+            "                  vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * c))));",
+        ]
+    lines += ["#else", f"    for (int i = 0; i < {vl}; ++i) (*f)[i] = yr_h2f(p[i]);", "#endif"]
+    return "\n".join(lines)
+
+
+def _vec_widen_c(vlb: int) -> str:
+    """``yr_bf2f_vec`` / ``yr_h2f_vec``: one register of floats from 16-bit memory, for a
+    matmul that reads its B tile in place (none for registers of one float: the micro-kernel
+    is not printed then)."""
+    if vlb < 8:
+        return _MATMUL_HALF_PATH % {"bf16_isa": "0"}
+    isa = "!defined(YR_SOFT_HALF) && defined(__AVX2__)" if vlb >= 32 else "0"
+    return _MATMUL_HALF_PATH % {"bf16_isa": isa} + _VEC_WIDEN % {
+        "vlb": vlb,
+        "hvlb": vlb // 2,
+        "f16_body": _f16_vec_c(vlb),
+        "bf16_body": _bf16_vec_c(vlb),
+    }
+
+
+def _bf16_vec_c(vlb: int) -> str:
+    """The body of ``yr_bf2f_vec``: ``vpmovzxwd`` + ``vpslld`` per 8 or 16 floats with
+    AVX2 / AVX-512 (GCC splits the generic form into halves and re-joins them), the vector
+    extension's zero extension and shift elsewhere."""
+    vl = vlb // 4
+    generic = [
+        "    yr_vh h;",
+        "    memcpy(&h, p, sizeof h);",
+        "    const yr_vu u = __builtin_convertvector(h, yr_vu) << 16;",
+        "    memcpy(f, &u, sizeof *f);",
+    ]
+    if vlb < 32:
+        return "\n".join(generic)
+    if vlb == 64:
+        lines = [
+            "#if !defined(YR_SOFT_HALF) && defined(__AVX512F__)",
+            "    const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));",
+            "    const __m512i u = _mm512_slli_epi32(x, 16);",
+            "    memcpy(f, &u, 64);",
+            "#elif !defined(YR_SOFT_HALF) && defined(__AVX2__)",
+        ]
+    else:
+        lines = ["#if !defined(YR_SOFT_HALF) && defined(__AVX2__)"]
+    lines += [
+        f"    for (int c = 0; c < {vl // 8}; ++c) {{",
+        "        const __m128i h = _mm_loadu_si128((const __m128i *)(p + 8 * c));",
+        "        const __m256i x = _mm256_cvtepu16_epi32(h);",
+        "        const __m256i u = _mm256_slli_epi32(x, 16);",
+        "        memcpy((float *)f + 8 * c, &u, 32);",
+        "    }",
+        "#else",
+        *generic,
+        "#endif",
+    ]
+    return "\n".join(lines)
+
+
+_MATMUL_HALF_PATH = r"""/* How a matmul widens 16-bit B tiles in this compile (yr_matmul_half_path):
+ * bfloat16 with AVX2 / AVX-512 zero extensions or the portable vector code, float16 by
+ * YR_HALF_PATH. */
+#if %(bf16_isa)s
+#define YR_MM_BF16_PATH "avx2"
+#else
+#define YR_MM_BF16_PATH "portable"
+#endif
+const char *yr_matmul_half_path(void) {
+    return "bfloat16 " YR_MM_BF16_PATH ", float16 " YR_HALF_PATH;
+}
+"""
+
+_VEC_WIDEN = r"""/* A matmul's B tile of float16/bfloat16 is read in place and widened one register
+ * at a time as the micro-kernel loads it (no float copy of the tile is staged). bfloat16:
+ * zero extension and a shift (vpmovzxwd + vpslld with AVX2 / AVX-512, the vector
+ * extension's code elsewhere); float16: the conversion instruction of YR_HALF_PATH, yr_h2f
+ * per element when portable. */
+#if !defined(YR_SOFT_HALF) && (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+#include <immintrin.h>
+#endif
+typedef uint16_t yr_vh __attribute__((vector_size(%(hvlb)d)));
+typedef uint32_t yr_vu __attribute__((vector_size(%(vlb)d)));
+static inline void yr_bf2f_vec(const uint16_t *restrict p, yr_vf *restrict f) {
+%(bf16_body)s
+}
+static inline void yr_h2f_vec(const yr_half *restrict p, yr_vf *restrict f) {
+%(f16_body)s
+}
 """
 
 
@@ -1725,6 +1883,7 @@ def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
         "graph_hash": str(plan_dict.get("graph_hash", "?"))[:64].replace("*/", ""),
         "simd": simd_width_bits,
         "vlb": max(4, simd_width_bits // 8),
+        "vec_widen": _vec_widen_c(max(4, simd_width_bits // 8)),
     }
     code = prelude + "\n" + "\n\n".join(functions) + "\n"
     return CpuSource(code=code, plan=plan_dict, steps=tuple(steps), simd_width_bits=simd_width_bits)

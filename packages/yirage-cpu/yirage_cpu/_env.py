@@ -9,8 +9,8 @@ YIRAGE_CPU_THREADS = register_env_var(
         "YIRAGE_CPU_THREADS",
         None,
         "Threads of every CPU-backend kernel (a positive integer; at most the cores the "
-        "process may use). Unset: OMP_NUM_THREADS when set, else as many as there are idle "
-        "cores among those the process may use, re-read every few milliseconds.",
+        "process may use). Unset: as many as there are idle cores among those the process "
+        "may use, re-read every few milliseconds, at most OMP_NUM_THREADS when that is set.",
     )
 )
 

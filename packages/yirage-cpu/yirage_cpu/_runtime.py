@@ -383,12 +383,14 @@ class CpuLauncher:
         half_path.restype = ctypes.c_char_p
         #: The float16 conversion path the compile took (avx512f, f16c, neon, portable).
         self.float16_path = (half_path() or b"").decode("ascii")
+        mm_path = self._dll.yr_matmul_half_path
+        mm_path.restype = ctypes.c_char_p
+        #: How matmuls widen 16-bit B tiles in registers ("bfloat16 avx2, float16 f16c").
+        self.matmul_half_path = (mm_path() or b"").decode("ascii")
         self._nt = ctypes.c_int.in_dll(self._dll, "yr_nt")
         self._nt.value = self.thread_policy.current()
         #: The most threads a call uses.
-        self.num_threads = (
-            self.thread_policy.cores if self.thread_policy.adaptive else self._nt.value
-        )
+        self.num_threads = self.thread_policy.max_threads
         self._specs = _specs(program.plan)
         self._inputs = sorted((s for s in self._specs if s.role == "input"), key=lambda s: s.index)
         self._outputs = sorted(

@@ -9,13 +9,17 @@ fused RMSNorm + Linear kernel of 80 µs took 24 ms per call at load 15 on 2 core
   ``OMP_WAIT_POLICY=passive`` is set unless the environment already chose one
   (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``KMP_BLOCKTIME``): idle threads sleep at
   once instead of spinning, and a thread woken from sleep gets a core quickly;
-* **thread count**: ``YIRAGE_CPU_THREADS`` when set, else ``OMP_NUM_THREADS`` when set, else
-  the idle cores among those the process may use (its CPU affinity and cgroup CPU quota),
-  from the runnable-task count of ``/proc/loadavg`` sampled at most every
-  :data:`SAMPLE_SECONDS`, at least 1 (all of those cores where that count cannot tell: a
-  restricted affinity or quota, or an environment that makes idle threads spin). The count
-  goes to the kernel library's ``yr_nt``, which every parallel region of the printed code
-  reads (``num_threads(yr_threads())``).
+* **thread count**: ``YIRAGE_CPU_THREADS`` when set, else the idle cores among those the
+  process may use (its CPU affinity and cgroup CPU quota), from the runnable-task count of
+  ``/proc/loadavg`` sampled at most every :data:`SAMPLE_SECONDS`, at least 1 and at most
+  ``OMP_NUM_THREADS`` (its first count) when that is set, as OpenMP's dynamic adjustment
+  treats it (a team held at ``OMP_NUM_THREADS`` while other processes take the cores
+  waits a scheduler tick at its barriers: measured, GQA decode's four library kernels in
+  bfloat16 at 2 threads under load 5 on 2 cores took 55 ms per call, 1.9 ms on 1 thread).
+  Where that count cannot tell (a restricted affinity or quota, or an environment that
+  makes idle threads spin): ``OMP_NUM_THREADS``, else all of those cores. The count goes to
+  the kernel library's ``yr_nt``, which every parallel region of the printed code reads
+  (``num_threads(yr_threads())``).
 """
 
 from __future__ import annotations
@@ -92,17 +96,26 @@ def idle_cores(cores: int, runnable: int, own: int = 1) -> int:
 @dataclass
 class ThreadPolicy:
     """The thread count of the next kernel call: ``fixed`` when a variable sets it, else
-    the idle cores of ``cores`` (sampled at most every :data:`SAMPLE_SECONDS`)."""
+    the idle cores of ``cores`` (sampled at most every :data:`SAMPLE_SECONDS`), at most
+    ``cap``."""
 
     cores: int
     fixed: int | None
     source: str
+    cap: int | None = None
     _sampled_at: float = -1.0
     _last: int = 0
 
     @property
     def adaptive(self) -> bool:
         return self.fixed is None
+
+    @property
+    def max_threads(self) -> int:
+        """The most threads a call may get."""
+        if self.fixed is not None:
+            return self.fixed
+        return min(self.cores, self.cap) if self.cap is not None else self.cores
 
     def current(self) -> int:
         """Threads for a kernel starting now."""
@@ -111,14 +124,16 @@ class ThreadPolicy:
         now = time.monotonic()
         if now - self._sampled_at >= SAMPLE_SECONDS:
             runnable = runnable_tasks()
-            self._last = self.cores if runnable is None else idle_cores(self.cores, runnable)
+            idle = self.cores if runnable is None else idle_cores(self.cores, runnable)
+            self._last = min(idle, self.max_threads)
             self._sampled_at = now
         return self._last
 
     def describe(self) -> str:
         if self.fixed is not None:
             return f"{self.fixed} (from {self.source})"
-        return f"the idle cores of {self.cores} (sampled every {SAMPLE_SECONDS * 1000:g} ms)"
+        cap = f", at most {self.cap} ({self.source})" if self.cap is not None else ""
+        return f"the idle cores of {self.cores}{cap} (sampled every {SAMPLE_SECONDS * 1000:g} ms)"
 
 
 def _omp_num_threads() -> int | None:
@@ -144,12 +159,16 @@ def policy() -> ThreadPolicy:
     if fixed is not None:
         return ThreadPolicy(cores, fixed, "YIRAGE_CPU_THREADS")
     omp = _omp_num_threads()
-    if omp is not None:
-        return ThreadPolicy(cores, omp, "OMP_NUM_THREADS")
     if not _machine_wide(cores) or runnable_tasks() is None:
+        if omp is not None:
+            return ThreadPolicy(cores, omp, "OMP_NUM_THREADS")
         return ThreadPolicy(cores, cores, "the cores this process may use")
     if _spinning():
+        if omp is not None:
+            return ThreadPolicy(cores, omp, "OMP_NUM_THREADS (threads spin)")
         return ThreadPolicy(cores, cores, "the cores this process may use (threads spin)")
+    if omp is not None:
+        return ThreadPolicy(cores, None, "OMP_NUM_THREADS", cap=omp)
     return ThreadPolicy(cores, None, "idle cores")
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "isa_features",
     "isa_report",
     "libomp_dirs",
+    "matmul_half_path",
     "openmp_flags",
     "simd_width_bits_for",
 ]
@@ -470,6 +471,16 @@ def float16_path(features: tuple[str, ...]) -> str:
     return "portable"
 
 
+def matmul_half_path(features: tuple[str, ...], simd_width_bits: int | None = None) -> str:
+    """How the printed matmuls widen float16/bfloat16 B tiles in registers with
+    ``features`` (the printer's ``yr_matmul_half_path()``): bfloat16 by AVX2 / AVX-512 zero
+    extensions (``avx2``, registers of 256 bits or more) or portable vector code, float16
+    by :func:`float16_path`'s instructions."""
+    wide = simd_width_bits is None or simd_width_bits >= 256
+    bf16 = "avx2" if wide and ("avx2" in features or "avx512f" in features) else "portable"
+    return f"bfloat16 {bf16}, float16 {float16_path(features)}"
+
+
 @functools.lru_cache(maxsize=8)
 def predefined_macros(compiler: Compiler, flags: tuple[str, ...]) -> frozenset[str]:
     """The macros ``compiler`` predefines with ``flags`` (``-dM -E`` on an empty C file);
@@ -492,11 +503,18 @@ def predefined_macros(compiler: Compiler, flags: tuple[str, ...]) -> frozenset[s
     return frozenset(words)
 
 
-def isa_report(compiler: Compiler, flags: tuple[str, ...]) -> dict[str, str]:
+def isa_report(
+    compiler: Compiler, flags: tuple[str, ...], simd_width_bits: int | None = None
+) -> dict[str, str]:
     """What reports record about the vector ISA generated code is compiled for: the
-    features the flags enable and the float16 conversion path."""
+    features the flags enable, the float16 conversion path and how matmuls widen 16-bit
+    B tiles."""
     feats = isa_features(set(predefined_macros(compiler, flags)))
-    return {"isa": " ".join(feats) or "(baseline)", "float16_path": float16_path(feats)}
+    return {
+        "isa": " ".join(feats) or "(baseline)",
+        "float16_path": float16_path(feats),
+        "matmul_half_path": matmul_half_path(feats, simd_width_bits),
+    }
 
 
 def compile_shared(
