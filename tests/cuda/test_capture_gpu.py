@@ -1,7 +1,10 @@
-"""GPU tests of :meth:`yirage.OptimizedKernel.capture` (``pytest -m cuda tests/cuda``): the
-replay gives the direct call's numbers, on the captured and on copied-in inputs; and, on a
-host with two or more GPUs, a tensor-parallel kernel (``all_reduce`` over NCCL, one process
-per GPU) called directly and captured, against the float64 reference evaluator's ranks."""
+"""GPU tests of device graphs (``pytest -m cuda tests/cuda``): :meth:`yirage.OptimizedKernel.
+capture` gives the direct call's numbers, on the captured and on copied-in inputs; repeated
+calls (replayed from a graph captured at the second call) give the host-launched call's
+numbers, fresh outputs every time, follow in-place changes of the inputs and run inside a
+caller's own capture; and, on a host with two or more GPUs, a tensor-parallel kernel
+(``all_reduce`` over NCCL, one process per GPU) called repeatedly and captured, against the
+float64 reference evaluator's ranks."""
 
 from __future__ import annotations
 
@@ -55,6 +58,36 @@ def test_replay_matches_the_direct_call(tmp_path: Path, monkeypatch: pytest.Monk
         captured(x2[:4], w)
 
 
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+def test_repeated_calls_replay_a_graph_with_fresh_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setenv("YIRAGE_CACHE_DIR", str(tmp_path))
+    k = yr.superoptimize(_rms_linear(), backend="cuda")
+    monkeypatch.setenv("YIRAGE_DEVICE_GRAPHS", "0")
+    eager = yr.superoptimize(_rms_linear(), backend="cuda")  # the cached decision
+    assert eager._graphs is None and k._graphs is not None
+    x = torch.randn(8, 512, device="cuda", dtype=torch.float16)
+    w = (torch.randn(512, 1024, device="cuda") / 512**0.5).half()
+    outs = [k(x, w)[0] for _ in range(4)]  # eager, eager + capture, replay, replay
+    assert len(k._graphs._graphs) == 1 and k._graphs.failure is None
+    want = eager(x, w)[0]
+    for o in outs:
+        assert torch.equal(o, want)
+    assert len({o.data_ptr() for o in outs}) == 4  # every call's output is its own
+    x.mul_(-1.0)  # the replay reads the inputs where they lie
+    (flipped,) = k(x, w)
+    assert torch.equal(flipped, eager(x, w)[0]) and torch.equal(outs[2], want)
+    g = torch.cuda.CUDAGraph()  # a caller's own capture takes the launches
+    with torch.cuda.graph(g):
+        (inside,) = k(x, w)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(inside, flipped)
+
+
 def _tp_rank(rank: int, world: int, store: str, cache: str, out: str) -> None:
     """One rank: NCCL group, superoptimize, direct and captured calls, outputs saved."""
     import os
@@ -72,12 +105,14 @@ def _tp_rank(rank: int, world: int, store: str, cache: str, out: str) -> None:
         w = (torch.randn(512, 1024, device="cuda") / 512**0.5).half()
         k = yr.superoptimize(g, backend="cuda")
         direct = k(x, w)[0].clone()
+        repeated = [k(x, w)[0] for _ in range(3)][-1]  # replayed from a graph
         replayed = k.capture(x, w)()[0].clone()
         np.savez(
             f"{out}/rank{rank}.npz",
             x=x.float().cpu().numpy(),
             w=w.float().cpu().numpy(),
             direct=direct.float().cpu().numpy(),
+            repeated=repeated.float().cpu().numpy(),
             replayed=replayed.float().cpu().numpy(),
         )
         dist.barrier()
@@ -101,6 +136,6 @@ def test_tensor_parallel_kernel_on_nccl(tmp_path: Path) -> None:
         [np.stack([r["x"] for r in ranks]), np.stack([r["w"] for r in ranks])]
     )
     for r, saved in enumerate(ranks):
-        for name in ("direct", "replayed"):
+        for name in ("direct", "repeated", "replayed"):
             err = np.linalg.norm(saved[name] - ref[r]) / np.linalg.norm(ref[r])
             assert err < 1e-2, (r, name, err)

@@ -15,12 +15,17 @@ next one (``torch.cuda.graphs`` has the same contract): clone what must outlive 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from yirage import _collectives
 from yirage._errors import BackendError, ShapeError
+from yirage._logging import get_logger
 
-__all__ = ["CapturedKernel", "capture"]
+__all__ = ["CapturedKernel", "RepeatGraphs", "capture"]
+
+_log = get_logger("yirage.kernel")
 
 #: Calls run on a side stream before capture: they compile what is left to compile and make
 #: collectives create their communicators, neither of which can happen inside a capture.
@@ -109,3 +114,98 @@ def capture(
         outputs = list(call(*ins))
     api.synchronize(dev)
     return CapturedKernel(api, g, ins, outputs)
+
+
+# -- graphs of repeated calls ----------------------------------------------------------------------
+
+#: Device graphs kept per kernel (one per set of input addresses and stream, least recently
+#: used dropped first: each holds its intermediates' memory).
+MAX_GRAPHS = 4
+
+
+def _call_key(tensors: Sequence[Any]) -> tuple[Any, ...] | None:
+    """What a captured graph depends on: every input's address, shape, strides, dtype and
+    device, and the current stream; None where an input is not a device tensor."""
+    import torch
+
+    key: list[Any] = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.device.type == "cpu":
+            return None
+        key.append((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device))
+    if not key:
+        return None
+    api = getattr(torch, key[0][4].type)
+    key.append(api.current_stream(key[0][4]).cuda_stream)
+    return tuple(key)
+
+
+class RepeatGraphs:
+    """Device graphs of a kernel's repeated calls: the second call on the same input
+    tensors (same addresses, shapes, strides, dtypes and stream) runs eagerly and is captured;
+    later ones replay the capture and return fresh copies of its outputs, so a call costs one
+    graph launch and one copy per output on the host. Calls inside another capture, calls
+    whose collective is not ``torch.distributed`` and CPU tensors run eagerly. A capture that
+    fails turns the graphs off for this kernel (logged once)."""
+
+    def __init__(self, call: Callable[..., list[Any]], device_type: str, backend: str) -> None:
+        self._call = call
+        self._device_type = device_type
+        self._backend = backend
+        self._graphs: dict[tuple[Any, ...], CapturedKernel] = {}
+        self._seen: set[tuple[Any, ...]] = set()
+        self._lock = threading.Lock()
+        self.enabled = True
+        self.failure: str | None = None
+
+    def __call__(self, tensors: Sequence[Any]) -> list[Any]:
+        key = self._key(tensors)
+        if key is None:
+            return list(self._call(*tensors))
+        with self._lock:
+            graph = self._graphs.pop(key, None)
+            if graph is not None:
+                self._graphs[key] = graph  # most recently used last
+                return [o.clone() for o in graph()]
+            if key not in self._seen:
+                self._seen.add(key)
+                return list(self._call(*tensors))
+            outputs = list(self._call(*tensors))  # this call's result, then the capture
+            self._capture(key, tensors)
+            return outputs
+
+    def _key(self, tensors: Sequence[Any]) -> tuple[Any, ...] | None:
+        if not self.enabled or _collectives.current() is not None:
+            return None  # a simulated or stand-in collective cannot be captured
+        import torch
+
+        api = getattr(torch, self._device_type, None)
+        capturing = getattr(api, "is_current_stream_capturing", None)
+        if capturing is None or capturing():
+            return None  # inside the caller's own capture: its graph takes the launches
+        return _call_key(tensors)
+
+    def _capture(self, key: tuple[Any, ...], tensors: Sequence[Any]) -> None:
+        import torch
+
+        api = getattr(torch, self._device_type)
+        graph_type: Any = getattr(api, "CUDAGraph", None) or getattr(api, "NPUGraph", None)
+        try:
+            if graph_type is None:
+                raise BackendError(f"torch.{self._device_type} has no graph capture")
+            g = graph_type()
+            with api.graph(g):
+                outputs = list(self._call(*tensors))
+        except Exception as exc:
+            self.enabled = False
+            self.failure = f"{type(exc).__name__}: {exc}"
+            _log.warning(
+                "%s kernel: capturing its calls into a device graph failed (%s); it runs "
+                "eagerly from now on",
+                self._backend,
+                self.failure,
+            )
+            return
+        self._graphs[key] = CapturedKernel(api, g, list(tensors), outputs)
+        while len(self._graphs) > MAX_GRAPHS:
+            del self._graphs[next(iter(self._graphs))]

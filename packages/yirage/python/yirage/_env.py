@@ -19,6 +19,7 @@ __all__ = [
     "all_env_vars",
     "backends",
     "cache_dir",
+    "device_graphs",
     "log_level",
     "profile_workers",
     "ray_address",
@@ -70,6 +71,14 @@ YIRAGE_CACHE_DIR = EnvVar(
     "$XDG_CACHE_HOME/yirage, or ~/.cache/yirage when XDG_CACHE_HOME is unset",
     "Directory of yirage's on-disk cache.",
 )
+YIRAGE_DEVICE_GRAPHS = EnvVar(
+    "YIRAGE_DEVICE_GRAPHS",
+    "1",
+    "'0' makes every call of a GPU backend's kernel launch its kernels from the host. With "
+    "it, the second call on the same input tensors (addresses, shapes, strides, dtypes, "
+    "stream) is captured into a device graph that later such calls replay, returning fresh "
+    "outputs.",
+)
 YIRAGE_LOGS = EnvVar(
     "YIRAGE_LOGS",
     "WARNING",
@@ -104,6 +113,7 @@ YIRAGE_THREADS = EnvVar(
 ENV_VARS: tuple[EnvVar, ...] = (
     YIRAGE_BACKENDS,
     YIRAGE_CACHE_DIR,
+    YIRAGE_DEVICE_GRAPHS,
     YIRAGE_LOGS,
     YIRAGE_PROFILE_WORKERS,
     YIRAGE_RAY_ADDRESS,
@@ -158,6 +168,11 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "yirage"
+
+
+def device_graphs() -> bool:
+    """Whether repeated kernel calls on a GPU replay a device graph (``YIRAGE_DEVICE_GRAPHS``)."""
+    return YIRAGE_DEVICE_GRAPHS.flag(unset=True)
 
 
 def log_level() -> int:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from yirage import _capture, _collectives, _core
+from yirage import _capture, _collectives, _core, _env
 from yirage._backend import Backend
 
 # Names that lived here before the numeric check, the reports and Shapes got modules of their
@@ -64,6 +64,10 @@ class OptimizedKernel:
     """A superoptimized kernel: call it with the graph's inputs (``k(*tensors)`` or
     ``k(inputs=[...])``) to get the list of outputs.
 
+    On a GPU backend, repeated calls on the same input tensors replay a device graph of the
+    call (captured at the second such call; see ``yirage._capture.RepeatGraphs``) and return
+    fresh outputs; ``YIRAGE_DEVICE_GRAPHS=0`` launches every kernel from the host instead.
+
     A kernel of a multi-device graph (``world_size`` N > 1) is one rank's program: called
     normally, its all_reduce sums over the ranks of ``torch.distributed``'s default process
     group (initialised with world size N); :meth:`run_ranks` runs all N ranks in this
@@ -86,6 +90,12 @@ class OptimizedKernel:
         self._launcher = launcher
         self._shapes = Shapes(graph)
         self.report = report
+        device = backend.torch_device
+        self._graphs = (
+            _capture.RepeatGraphs(self._run, device, backend.name)
+            if device not in (None, "cpu") and _env.device_graphs()
+            else None
+        )
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *tensors: Any, inputs: Sequence[Any] | None = None) -> list[Any]:
@@ -93,6 +103,12 @@ class OptimizedKernel:
             if tensors:
                 raise TypeError("pass the inputs either positionally or as inputs=[...], not both")
             tensors = tuple(inputs)
+        if self._graphs is not None:
+            return self._graphs(tensors)
+        return self._run(*tensors)
+
+    def _run(self, *tensors: Any) -> list[Any]:
+        """One call, every kernel launched from the host."""
         shapes = self._shapes
         if shapes.identity:
             return list(self._launcher(*tensors))
@@ -106,9 +122,7 @@ class OptimizedKernel:
         the same tensors at every replay (clone what must outlive the next one). A
         multi-device kernel is captured in every rank, after ``torch.distributed`` is
         initialised (NCCL)."""
-        return _capture.capture(
-            self.__call__, tensors, self._backend.torch_device, self._backend.name
-        )
+        return _capture.capture(self._run, tensors, self._backend.torch_device, self._backend.name)
 
     @property
     def world_size(self) -> int:
