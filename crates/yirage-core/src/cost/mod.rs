@@ -63,6 +63,16 @@
 //!   charged `GPU_COALESCE_BYTES / row bytes` times its bytes;
 //! * **skinny library matmuls** (≤ [`GPU_SKINNY_ROWS`] rows) reach only
 //!   [`GPU_LIBRARY_SKINNY_BW`] of the bandwidth;
+//! * **wave reuse** ([`wave`]): in a grid of row tiles × column tiles, the blocks resident
+//!   at once share tiles through L2: a tensor larger than half of L2 is fetched from DRAM
+//!   once per wave for each distinct tile the wave touches (in the printer's grouped tile
+//!   order), and the other re-reads use the L2's bandwidth ([`L2_SPEEDUP`] × DRAM) beside
+//!   DRAM's, the larger of the two bounding the kernel;
+//! * **tensor-core-sized tiles** (16-bit matmuls of ≥ [`GPU_MMA_ROWS`] rows): the vector
+//!   work runs beside the matrix work (compute is the larger of the two, not their sum),
+//!   the per-iteration bookkeeping overlaps the iteration's matrix work, and the
+//!   accumulator budget grows with the rows (up to [`GPU_MMA_ACCUM_ROWS`]); decode-sized
+//!   tiles (≤ 16 rows) keep the terms above unchanged;
 //! * **loop split**: a kernel that leaves units idle may run split ([`gpu_loop_split`]):
 //!   `S`× the blocks with `F / S` iterations each, a combine step run by the last part of
 //!   each block in the same kernel, and the traffic of the fp32 partial outputs through a
@@ -87,6 +97,7 @@ use serde::Serialize;
 pub mod collective;
 pub mod cpu_cache;
 mod spec;
+pub mod wave;
 pub use collective::{CollectiveKind, CollectiveProfile};
 pub use spec::{DeviceSpec, ExecutionModel};
 
@@ -125,6 +136,12 @@ pub const GPU_ACCUM_BYTES_MAX: f64 = 16.0 * 1024.0;
 /// GPU: rows a tile matmul is padded to by the code generators (Triton's `tl.dot` needs
 /// 16), which the accumulators of skinny matmuls occupy in registers.
 pub const GPU_DOT_MIN_ROWS: usize = 16;
+/// GPU: rows from which a tile matmul counts as tensor-core sized (a Hopper warpgroup's
+/// matrix instruction covers 64 rows): its accumulators may be wider
+/// ([`GPU_MMA_ACCUM_ROWS`]) and its loop bookkeeping overlaps the matrix work.
+pub const GPU_MMA_ROWS: u64 = 64;
+/// GPU: rows up to which the accumulator budget grows with a tensor-core-sized tile.
+pub const GPU_MMA_ACCUM_ROWS: u64 = 128;
 /// GPU: most blocks of one kernel resident on a unit at once.
 pub const GPU_MAX_RESIDENT: u64 = 4;
 /// GPU: contiguous bytes per tile row below which loads waste DRAM bursts (on the H100,
@@ -329,7 +346,12 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
     let bw = spec.mem_bandwidth_gbps * 1e3; // bytes per µs
     let mut mem = p.write_bytes / bw;
     let streaming = spec.is_streaming_gpu() && !p.library;
-    for r in &p.reads {
+    let wave_dram = wave_reuse(spec, p, split);
+    // where the wave model applies, re-reads served by L2 use the L2's own bandwidth beside
+    // DRAM's (the larger of the two bounds the kernel) instead of adding to DRAM time
+    let l2_pipe = wave_dram.iter().any(Option::is_some);
+    let mut l2 = 0.0;
+    for (r, wave) in p.reads.iter().zip(wave_dram) {
         // rows shorter than a coalesced segment waste the rest of each DRAM burst
         let coalesced = if streaming && r.run_bytes > 0.0 {
             (r.run_bytes / GPU_COALESCE_BYTES).min(1.0)
@@ -344,13 +366,24 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         };
         let unique = r.unique_bytes.min(r.total_bytes);
         let reread = (r.total_bytes - unique).max(0.0);
-        let reread_bw = if r.unique_bytes <= cpu_cache::reread_cached_bytes(spec) {
-            bw * L2_SPEEDUP
-        } else {
-            bw
+        let cached = r.unique_bytes <= cpu_cache::reread_cached_bytes(spec);
+        // re-reads from DRAM: all of them for a tensor larger than the cache share, but
+        // only those of later waves where the wave model applies
+        let dram_reread = match wave {
+            _ if cached => 0.0,
+            Some(dram) => (dram - unique).clamp(0.0, reread),
+            None => reread,
         };
-        mem += (unique / bw + reread / reread_bw) / coalesced;
+        let l2_reread = reread - dram_reread;
+        let l2_us = l2_reread / (bw * L2_SPEEDUP) / coalesced;
+        mem += (unique + dram_reread) / bw / coalesced;
+        if l2_pipe {
+            l2 += l2_us;
+        } else {
+            mem += l2_us;
+        }
     }
+    let mem = mem.max(l2);
     let mma_peak = if p.low_precision && spec.matrix_tile.is_some() {
         spec.peak_tflops_fp16
     } else {
@@ -361,7 +394,14 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         let eff = tile_efficiency(spec, m.m, m.n, m.k).max(1e-3);
         compute += m.flops / (mma_peak * eff);
     }
-    compute += p.other_flops / (spec.peak_tflops_fp32 * 1e6 * OTHER_FLOPS_FRACTION);
+    let vector = p.other_flops / (spec.peak_tflops_fp32 * 1e6 * OTHER_FLOPS_FRACTION);
+    // the vector work of a tensor-core-sized tile (the accumulator update, a norm's sums)
+    // runs beside its asynchronous matrix instructions; narrower kernels add the two
+    if streaming && matmul_rows(spec, p) >= GPU_MMA_ROWS {
+        compute = compute.max(vector);
+    } else {
+        compute += vector;
+    }
     let cu = spec.compute_units as f64;
     let blocks = p.blocks * split as u64;
     let util = if p.library || blocks == 0 {
@@ -378,14 +418,12 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
     if spec.is_streaming_gpu() && !p.library && blocks > 0 {
         let b = blocks as f64;
         let f = (p.forloop / split).max(1);
-        let read: f64 = p.reads.iter().map(|r| r.total_bytes).sum();
-        let tile = read / (b * f as f64);
-        // pipeline stages whose tiles fit in a block's shared memory
-        let fit = (spec.shared_mem_per_block as f64 / tile.max(1.0)).floor();
-        let stages = (GPU_STAGES.min(f) as f64).min(fit).max(1.0);
-        let resident = ((spec.shared_mem_per_block as f64 / (stages * tile).max(1.0)).floor()
-            as u64)
-            .clamp(1, GPU_MAX_RESIDENT) as f64;
+        let Residency {
+            tile,
+            fit,
+            stages,
+            resident,
+        } = residency(spec, p, split);
         // A loop that is not pipelined loads every tile through registers, matmul operands
         // too; a block alone on its unit then has nothing to overlap that load with (GQA
         // decode at kv 16384 with 128 KB V tiles, one stage and one block per SM, ran 73-100
@@ -413,7 +451,7 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
                 .fold(0.0, f64::max);
             u *= (GPU_TILE_BYTES_MAX / once.max(1.0)).min(1.0);
         }
-        u *= (GPU_ACCUM_BYTES_MAX / p.accum_bytes.max(1.0)).min(1.0);
+        u *= (accum_bytes_max(spec, p) / p.accum_bytes.max(1.0)).min(1.0);
         mem_util = u.max(1e-6);
         // a loop whose tiles cannot be double-buffered waits for each tile's load
         let unbuffered = if f > 1 && fit < 2.0 {
@@ -423,6 +461,7 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         };
         let per_iter =
             GPU_ITER_US + p.computed_operand_matmuls as f64 * GPU_COMPUTED_OPERAND_US + unbuffered;
+        let per_iter = (per_iter - mma_us_per_iteration(spec, p, b * f as f64)).max(0.0);
         iter_us = f as f64 * per_iter * (b / (resident * cu)).max(1.0);
     }
     let memory_us = mem / mem_util;
@@ -446,6 +485,108 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         loop_split: split,
         collective_us: 0.0,
     }
+}
+
+/// Whether none of the prefill terms (wave reuse, tensor-core-sized tiles) applies to `p`,
+/// so that its cost is what the model predicted before them.
+#[cfg(test)]
+pub(crate) fn prefill_terms_off(spec: &DeviceSpec, p: &KernelProfile) -> bool {
+    matmul_rows(spec, p) < GPU_MMA_ROWS
+        && (1..=GPU_MAX_SPLIT).all(|s| wave_reuse(spec, p, s).iter().all(Option::is_none))
+}
+
+/// Rows of the narrowest tile matmul of a kernel whose matmuls run on 16-bit matrix units
+/// (0 without matmuls, and for fp32 operands, whose dots are not tensor-core instructions).
+fn matmul_rows(spec: &DeviceSpec, p: &KernelProfile) -> u64 {
+    if !p.low_precision || spec.matrix_tile.is_none() {
+        return 0;
+    }
+    p.matmuls.iter().map(|m| m.m).min().unwrap_or(0)
+}
+
+/// Accumulator bytes per block before registers spill: [`GPU_ACCUM_BYTES_MAX`] for skinny
+/// tiles (measured with 16 padded rows), growing with the rows of tensor-core-sized tiles
+/// (≥ [`GPU_MMA_ROWS`]) up to [`GPU_MMA_ACCUM_ROWS`]: such accumulators are spread over the
+/// warps by rows as well as columns (the 128 × 256 fp32 accumulator of an 8-warp matmul
+/// tile is the common Hopper configuration).
+fn accum_bytes_max(spec: &DeviceSpec, p: &KernelProfile) -> f64 {
+    let rows = matmul_rows(spec, p);
+    if rows < GPU_MMA_ROWS {
+        return GPU_ACCUM_BYTES_MAX;
+    }
+    GPU_ACCUM_BYTES_MAX * (rows.min(GPU_MMA_ACCUM_ROWS) / GPU_DOT_MIN_ROWS as u64) as f64
+}
+
+/// Matrix-unit time (µs) of one for-loop iteration of one block whose tile matmuls have
+/// ≥ [`GPU_MMA_ROWS`] rows: the per-iteration bookkeeping ([`GPU_ITER_US`]) of such loops
+/// overlaps the asynchronous matrix work of the iteration. 0 for narrower matmuls (the
+/// decode kernels the bookkeeping term was measured on). `block_iters`: blocks × iterations.
+fn mma_us_per_iteration(spec: &DeviceSpec, p: &KernelProfile, block_iters: f64) -> f64 {
+    if matmul_rows(spec, p) < GPU_MMA_ROWS || block_iters <= 0.0 {
+        return 0.0;
+    }
+    let per_unit =
+        spec.peak_tflops_fp16.max(spec.peak_tflops_fp32) * 1e6 / spec.compute_units as f64;
+    let peak = if p.low_precision && spec.matrix_tile.is_some() {
+        per_unit
+    } else {
+        spec.peak_tflops_fp32 * 1e6 / spec.compute_units as f64
+    };
+    p.matmuls.iter().map(|m| m.flops).sum::<f64>() / block_iters / peak
+}
+
+/// How a generated GPU kernel's blocks sit on a unit (see the module doc).
+struct Residency {
+    /// Bytes one block reads per for-loop iteration.
+    tile: f64,
+    /// Iteration tiles that fit in a block's shared memory.
+    fit: f64,
+    /// Pipeline stages: min([`GPU_STAGES`], iterations, `fit`), at least 1.
+    stages: f64,
+    /// Blocks per unit with `stages` buffers each (1 to [`GPU_MAX_RESIDENT`]).
+    resident: f64,
+}
+
+fn residency(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Residency {
+    let b = (p.blocks * split as u64).max(1) as f64;
+    let f = (p.forloop / split).max(1);
+    let read: f64 = p.reads.iter().map(|r| r.total_bytes).sum();
+    let tile = read / (b * f as f64);
+    // pipeline stages whose tiles fit in a block's shared memory
+    let fit = (spec.shared_mem_per_block as f64 / tile.max(1.0)).floor();
+    let stages = (GPU_STAGES.min(f) as f64).min(fit).max(1.0);
+    let resident = ((spec.shared_mem_per_block as f64 / (stages * tile).max(1.0)).floor() as u64)
+        .clamp(1, GPU_MAX_RESIDENT) as f64;
+    Residency {
+        tile,
+        fit,
+        stages,
+        resident,
+    }
+}
+
+/// DRAM bytes per read under L2 reuse within a wave ([`wave`]), for generated GPU kernels
+/// whose grid spans rows and columns (None per read elsewhere, and for split loops).
+fn wave_reuse(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Vec<Option<f64>> {
+    if !spec.is_streaming_gpu() || p.library || p.blocks == 0 || split != 1 {
+        return vec![None; p.reads.len()];
+    }
+    let resident = residency(spec, p, split).resident as u64;
+    let reads: Vec<wave::WaveRead> = p
+        .reads
+        .iter()
+        .map(|r| wave::WaveRead {
+            unique_bytes: r.unique_bytes,
+            total_bytes: r.total_bytes,
+        })
+        .collect();
+    wave::wave_dram_bytes(
+        &reads,
+        p.blocks,
+        resident * spec.compute_units as u64,
+        p.forloop.max(1),
+        cpu_cache::reread_cached_bytes(spec),
+    )
 }
 
 /// Predicted time (µs) of kernels run one after the other.
