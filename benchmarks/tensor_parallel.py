@@ -8,10 +8,8 @@ Every rank superoptimizes its graph cold (its own cache directory), checks its o
 the float64 reference evaluator run on every rank's inputs (gathered), then times, interleaved
 over ``--rounds`` rounds (median of each round's per-step median):
 
-- ``yirage``: ``kernel(x, w)`` called step after step, as a user calls it (repeated calls
-  on the same tensors replay a device graph and return fresh outputs);
-- ``yirage launches``: the same with ``YIRAGE_DEVICE_GRAPHS=0`` (every kernel launched from
-  the host);
+- ``yirage``: ``kernel(x, w)`` called step after step, as a user calls it (a multi-device
+  kernel launches every kernel from the host);
 - ``torch``: the PyTorch step called the same way;
 - ``yirage graph`` / ``torch graph``: each step captured into a CUDA graph (for yirage
   :meth:`yirage.OptimizedKernel.capture`; for PyTorch ``torch.cuda.graph``), replayed.
@@ -129,25 +127,21 @@ def main() -> None:
     err_yirage = rel_err(kernel(x, w)[0], want)
     err_torch = rel_err(torch_step(x, w, args.eps), want)
 
-    os.environ["YIRAGE_DEVICE_GRAPHS"] = "0"
-    launches = yr.superoptimize(g, backend="cuda")  # the same decision, from the cache
-    del os.environ["YIRAGE_DEVICE_GRAPHS"]
     err_repeated = max(rel_err(kernel(x, w)[0], want) for _ in range(3))
     cases: dict[str, Callable[[], Any]] = {
         "yirage": lambda: kernel(x, w),
-        "yirage launches": lambda: launches(x, w),
         "torch": lambda: torch_step(x, w, args.eps),
     }
     captured = kernel.capture(x, w)
     err_graph = rel_err(captured()[0], want)
     cases["yirage graph"] = captured
     cases["torch graph"] = graphed(lambda: torch_step(x, w, args.eps))
-    for fn in cases.values():  # warm-up, every case
-        timed(fn, 10)
+    for case in cases.values():  # warm-up, every case
+        timed(case, 10)
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.rounds):
-        for name, fn in cases.items():
-            samples[name].append(timed(fn, args.steps))
+        for name in cases:
+            samples[name].append(timed(cases[name], args.steps))
 
     result = {
         "device": torch.cuda.get_device_name(),
@@ -173,8 +167,8 @@ def main() -> None:
         (args.out / "results.json").write_text(json.dumps(everyone, indent=1), encoding="utf-8")
         (args.out / "results.md").write_text(_table(everyone), encoding="utf-8")
         print(_table(everyone), flush=True)
-    cases.clear()  # the graphs holding NCCL work go before the group
-    kernel = launches = captured = None
+    cases.clear()  # a live graph holding NCCL work makes destroy_process_group wait
+    captured.release()
     gc.collect()
     torch.cuda.synchronize()
     dist.barrier()
@@ -191,15 +185,15 @@ def _table(ranks: list[dict[str, Any]]) -> str:
         f"`rms_norm(all_reduce(X_r @ W_r))`, X_r [{s['rows']}, {s['k_per_rank']}], W_r "
         f"[{s['k_per_rank']}, {s['n']}], {s['dtype']}; µs per step, median over rounds.",
         "",
-        "| rank | yirage | yirage launches | torch | torch / yirage | yirage graph "
+        "| rank | yirage | torch | torch / yirage | yirage graph "
         "| torch graph | torch graph / yirage graph | cold s "
         "| max rel err (yirage first, repeated, graph; torch) | chosen |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for i, r in enumerate(ranks):
         m, e = r["median_us"], r["max_rel_err"]
         lines.append(
-            f"| {i} | {m['yirage']:.1f} | {m['yirage launches']:.1f} | {m['torch']:.1f} "
+            f"| {i} | {m['yirage']:.1f} | {m['torch']:.1f} "
             f"| {m['torch'] / m['yirage']:.2f}x | {m['yirage graph']:.1f} "
             f"| {m['torch graph']:.1f} | {m['torch graph'] / m['yirage graph']:.2f}x "
             f"| {r['cold_superoptimize_s']:.1f} | {e['yirage']:.1e}, {e['yirage repeated']:.1e}, "

@@ -63,10 +63,19 @@ class CapturedKernel:
         self.outputs = outputs
 
     def __call__(self, *tensors: Any) -> list[Any]:
+        if self._graph is None:
+            raise BackendError("this captured kernel was released: capture the kernel again")
         if tensors:
             self._load(tensors)
         self._graph.replay()
         return self.outputs
+
+    def release(self) -> None:
+        """Free the graph and its memory now (before ``torch.distributed.
+        destroy_process_group()`` when it holds a captured all_reduce: while such a graph
+        lives, destroying the group waits for it)."""
+        self._graph = None
+        self.outputs = []
 
     def _load(self, tensors: Sequence[Any]) -> None:
         if len(tensors) != len(self.inputs):
@@ -149,6 +158,9 @@ class RepeatGraphs:
     fails turns the graphs off for this kernel (logged once)."""
 
     def __init__(self, call: Callable[..., list[Any]], device_type: str, backend: str) -> None:
+        # (kernels of multi-device graphs get none: a graph holding a captured NCCL
+        # all_reduce makes torch.distributed.destroy_process_group() wait forever while it
+        # lives, so those are captured only on request, with OptimizedKernel.capture)
         self._call = call
         self._device_type = device_type
         self._backend = backend

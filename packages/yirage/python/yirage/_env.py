@@ -88,8 +88,8 @@ YIRAGE_PROFILE_WORKERS = EnvVar(
     "YIRAGE_PROFILE_WORKERS",
     None,
     "Worker processes superoptimize compiles and profiles candidates in, worker i on the "
-    "backend's device i modulo the device count (0: none, everything in this process). Unset: "
-    "one per device where the backend sees several devices of one model, else none.",
+    "backend's device i modulo the device count (e.g. the GPU count). Unset or 0: none, "
+    "everything in this process.",
 )
 YIRAGE_RAY_ADDRESS = EnvVar(
     "YIRAGE_RAY_ADDRESS",

@@ -64,9 +64,11 @@ class OptimizedKernel:
     """A superoptimized kernel: call it with the graph's inputs (``k(*tensors)`` or
     ``k(inputs=[...])``) to get the list of outputs.
 
-    On a GPU backend, repeated calls on the same input tensors replay a device graph of the
-    call (captured at the second such call; see ``yirage._capture.RepeatGraphs``) and return
-    fresh outputs; ``YIRAGE_DEVICE_GRAPHS=0`` launches every kernel from the host instead.
+    On a GPU backend, repeated calls of a single-device kernel on the same input tensors
+    replay a device graph of the call (captured at the second such call; see
+    ``yirage._capture.RepeatGraphs``) and return fresh outputs; ``YIRAGE_DEVICE_GRAPHS=0``
+    launches every kernel from the host instead. Multi-device kernels are captured only on
+    request (:meth:`capture`).
 
     A kernel of a multi-device graph (``world_size`` N > 1) is one rank's program: called
     normally, its all_reduce sums over the ranks of ``torch.distributed``'s default process
@@ -93,7 +95,7 @@ class OptimizedKernel:
         device = backend.torch_device
         self._graphs = (
             _capture.RepeatGraphs(self._run, device, backend.name)
-            if device not in (None, "cpu") and _env.device_graphs()
+            if device not in (None, "cpu") and graph.world_size == 1 and _env.device_graphs()
             else None
         )
 
@@ -121,7 +123,9 @@ class OptimizedKernel:
         ``captured(*others)`` copies ``others`` into them first. The outputs it returns are
         the same tensors at every replay (clone what must outlive the next one). A
         multi-device kernel is captured in every rank, after ``torch.distributed`` is
-        initialised (NCCL)."""
+        initialised (NCCL); release the captured kernel (``captured.release()`` or drop it)
+        before ``torch.distributed.destroy_process_group()``, which waits while a graph
+        holding a captured all_reduce lives."""
         return _capture.capture(self._run, tensors, self._backend.torch_device, self._backend.name)
 
     @property

@@ -1,10 +1,10 @@
 """Compiling and profiling spread over a host's devices (private; used by ``superoptimize``).
 
-On a host with several devices of the backend (GPUs), ``superoptimize`` hands the candidates
-to worker processes, one per device: each builds its share (codegen, compile, load, the
-backend's precompile), draws the check inputs from the run's seed on its device and races
-its share's contenders (``yirage._race``, timing only). Compilers that hold the GIL then run
-side by side, and profiling time is divided by the device count.
+With ``YIRAGE_PROFILE_WORKERS=N`` (on a host with several GPUs, one per GPU),
+``superoptimize`` hands the candidates to N worker processes: each builds its share
+(codegen, compile, load, the backend's precompile), draws the check inputs from the run's
+seed on its device and races its share's contenders (``yirage._race``, timing only).
+Compilers then run side by side, and profiling time is divided by the worker count.
 
 The driver then builds, checks and races again, on its own device, the finalists: the
 contenders within ``_race.PRUNE_RATIO`` of the fastest worker time (they share the compile
@@ -13,10 +13,9 @@ The winner's time therefore comes from one device; where every finalist fails th
 the rest are built and checked in turn. Workers are started when ``superoptimize`` starts
 (their start-up overlaps the search) and kept for later calls.
 
-Workers are used only for backends given by name (a worker builds its backend from the
-registry), for devices of the driver's model, and when there is more than one device or
-``YIRAGE_PROFILE_WORKERS`` asks for them (``0``: never); not by default in a rank of a
-``torch.distributed`` group (the other devices are the other ranks').
+Workers are used only when ``YIRAGE_PROFILE_WORKERS`` asks for them, for backends given by
+name (a worker builds its backend from the registry), for devices of the driver's model, and
+never in a rank of a ``torch.distributed`` group (the other devices are the other ranks').
 """
 
 from __future__ import annotations
@@ -221,15 +220,15 @@ _POOLS_LOCK = threading.Lock()
 
 
 def worker_count(be: Backend) -> tuple[int, int]:
-    """(workers, devices) for ``be``: ``YIRAGE_PROFILE_WORKERS`` when set, else one worker
-    per device where there are several devices of the driver's model, else none."""
+    """(workers, devices) for ``be``: ``YIRAGE_PROFILE_WORKERS`` workers (none when unset:
+    on 4 H100s a fresh process's first call took 3-5 s longer with a worker per GPU, the
+    workers' start-up outweighing what they save on a few candidates); none in a rank of a
+    ``torch.distributed`` group, whose other devices are the other ranks'."""
     devices = max(1, be.device_count())
     asked = _env.profile_workers()
-    if asked is not None:
-        return asked, devices
-    if _in_process_group():
-        return 0, devices  # the other devices are the other ranks'
-    return (devices if devices > 1 else 0), devices
+    if asked is None or _in_process_group():
+        return 0, devices
+    return asked, devices
 
 
 def _in_process_group() -> bool:
