@@ -4,8 +4,8 @@ processes on every GPU of the host (``yirage._spread``), interleaved, on the ben
     python benchmarks/spread_cold.py --out results/spread [--rounds 2] [--workloads ...]
 
 Each run is a fresh Python process with empty yirage and Triton caches (what a first call
-costs, the workers' start included); ``YIRAGE_PROFILE_WORKERS=0`` is the one-GPU run, unset
-the spread one. Records the wall time of the call, the report's phases, the chosen kernel
+costs, the workers' start included); ``YIRAGE_PROFILE_WORKERS=0`` is the one-GPU run, the GPU
+count the spread one. Records the wall time of the call, the report's phases, the chosen kernel
 and its measured time, and writes ``results.json`` and ``results.md`` under ``--out``.
 """
 
@@ -46,14 +46,11 @@ CASES = (
 )
 
 
-def run_once(workload: str, preset: str, spread: bool) -> dict[str, Any]:
+def run_once(workload: str, preset: str, spread: bool, workers: int) -> dict[str, Any]:
     env = dict(os.environ)
     env["YIRAGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="yr-cold-")
     env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
-    if spread:
-        env.pop("YIRAGE_PROFILE_WORKERS", None)
-    else:
-        env["YIRAGE_PROFILE_WORKERS"] = "0"
+    env["YIRAGE_PROFILE_WORKERS"] = str(workers) if spread else "0"
     out = subprocess.run(
         [sys.executable, "-c", ONE_RUN, workload, preset],
         env=env,
@@ -82,7 +79,7 @@ def main() -> None:
                 continue
             row = rows.setdefault(f"{workload}:{preset}", {"one": [], "spread": []})
             for mode in ("one", "spread"):
-                res = run_once(workload, preset, mode == "spread")
+                res = run_once(workload, preset, mode == "spread", gpus)
                 row[mode].append(res)
                 print(workload, preset, mode, json.dumps(res)[:300], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
