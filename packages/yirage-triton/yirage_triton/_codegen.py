@@ -64,7 +64,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-13"
+CODEGEN_VERSION = "triton-14"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -75,6 +75,51 @@ _INT32_LIMIT = 2**31 - 1
 #: fused gated MLP ran 25 µs with 5 stages against 27-34 µs with 3).
 DEFAULT_STAGES = 3
 DEEP_STAGES = 5
+
+#: Tiles of the longer grid axis per group of the grouped tile order (see
+#: :func:`grouped_order_lines`); the core's cost model assumes the same order and group
+#: (``cost::wave::GROUP_TILES``) when it charges re-reads within a wave to L2.
+GROUP_TILES = 8
+
+_ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def grouped_axes(grid: Sequence[int]) -> tuple[int, int] | None:
+    """(grouped axis, other axis) of a grid printed in the grouped tile order, or None.
+
+    A grid with exactly two axes of more than one block (row tiles x column tiles) runs its
+    blocks in groups of :data:`GROUP_TILES` tiles of the longer axis (the lower axis on a
+    tie), the other axis after them, group after group: consecutive blocks, which run in the
+    same wave, then share their tiles of both operands through L2."""
+    axes = [d for d in range(3) if grid[d] > 1]
+    if len(axes) != 2:
+        return None
+    lo, hi = axes
+    return (hi, lo) if grid[hi] > grid[lo] else (lo, hi)
+
+
+def grouped_order_lines(grid: Sequence[int]) -> list[str] | None:
+    """Triton lines binding ``bx``, ``by``, ``bz`` in the grouped tile order (None: the
+    grid is not tiled over two axes, and the launch order stays as it is)."""
+    axes = grouped_axes(grid)
+    if axes is None:
+        return None
+    a, b = axes
+    lo, hi = sorted(axes)
+    ga, gb = grid[a], grid[b]
+    names = ["bx", "by", "bz"]
+    lines = [
+        f"# grouped tile order: {GROUP_TILES} tiles of axis {a} ({ga}), then axis {b} ({gb})",
+        f"pid = tl.program_id({hi}) * {grid[lo]} + tl.program_id({lo})",
+        f"first = (pid // {GROUP_TILES * gb}) * {GROUP_TILES}",
+        f"size = tl.minimum({ga} - first, {GROUP_TILES})",
+        f"local = pid % {GROUP_TILES * gb}",
+        f"{names[a]} = first + local % size",
+        f"{names[b]} = local // size",
+    ]
+    rest = next(d for d in range(3) if d not in axes)
+    lines.append(f"{names[rest]} = tl.program_id({rest})")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -956,9 +1001,39 @@ class _KernelPrinter:
         if self.k.forloop_range <= 1 or not streams:
             return 1
         st = self.opts.max_stages
-        if self.opts.smem_limit and self.k.smem_bytes:
-            st = max(1, min(st, self.opts.smem_limit // max(1, self.k.smem_bytes)))
+        if self.opts.smem_limit:
+            per_stage, reserve = self.pipelined_bytes()
+            room = self.opts.smem_limit - reserve
+            st = max(1, min(st, room // max(1, per_stage)))
         return st
+
+    def pipelined_bytes(self) -> tuple[int, int]:
+        """(bytes of one pipeline stage, bytes kept beside the stages) in shared memory.
+
+        Triton's software pipeline keeps one buffer per stage for every tile the loop
+        streams, at its padded block shape and its buffer's element size (a second read of a
+        dual-use tile is a buffer of its own); beside them the epilogue converts the largest
+        stored tile's layout through shared memory. The plan's ``smem_bytes`` counts logical
+        tiles once and accumulators (registers in Triton), so it cannot size the stages: a
+        ragged gated MLP (K tiles of 125 padded to 128) needed 266 KB after pipelining where
+        the plan counted a third of the 227 KB budget per stage."""
+        loop_ops, _, _ = self._partition()
+        dual = self._dual_use_loads(loop_ops)
+        per_stage = 0
+        for o in loop_ops:
+            if o.op != "input" or o.id in self.invariant:
+                continue
+            acc = self.k.inputs[o.attr("input")]
+            if not acc.uses_iter():
+                continue
+            size = _ELEM_BYTES.get(self.plan.buffer(acc.buffer).dtype, 4)
+            per_stage += math.prod(self.pdims[o.id]) * size * (2 if o.id in dual else 1)
+        reserve = 0
+        for out in self.k.outputs:
+            if out.src is not None and out.src in self.pdims:
+                size = _ELEM_BYTES.get(self.plan.buffer(out.buffer).dtype, 4)
+                reserve = max(reserve, math.prod(self.pdims[out.src]) * size)
+        return per_stage, reserve
 
     def split_stages(self, n_split: int) -> int:
         """Pipeline depth of the part kernel of a loop split ``n_split`` ways: never deeper
@@ -1136,9 +1211,12 @@ class _KernelPrinter:
             f"# grid {list(k.grid)}, forloop {k.forloop_range}, {k.warps} warps, "
             f"plan smem {k.smem_bytes} B"
         )
-        self.emit("bx = tl.program_id(0)")
-        self.emit("by = tl.program_id(1)")
-        self.emit("bz = tl.program_id(2)")
+        for line in grouped_order_lines(k.grid) or [
+            "bx = tl.program_id(0)",
+            "by = tl.program_id(1)",
+            "bz = tl.program_id(2)",
+        ]:
+            self.emit(line)
         loop_ops, before, after = self._partition()
         for o in before:
             self.emit_compute(o, "0")
