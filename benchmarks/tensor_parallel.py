@@ -8,8 +8,11 @@ Every rank superoptimizes its graph cold (its own cache directory), checks its o
 the float64 reference evaluator run on every rank's inputs (gathered), then times, interleaved
 over ``--rounds`` rounds (median of each round's per-step median):
 
-- ``yirage``: ``kernel(x, w)`` called step after step, as a user calls it (a multi-device
-  kernel launches every kernel from the host);
+- ``yirage``: ``kernel(x, w)`` called step after step, as a user calls it (repeated calls
+  on the same tensors replay device graphs split at the all_reduce, which NCCL runs from the
+  host in between);
+- ``yirage launches``: the same with ``YIRAGE_DEVICE_GRAPHS=0`` (every kernel launched from
+  the host);
 - ``torch``: the PyTorch step called the same way;
 - ``yirage graph`` / ``torch graph``: each step captured into a CUDA graph (for yirage
   :meth:`yirage.OptimizedKernel.capture`; for PyTorch ``torch.cuda.graph``), replayed.
@@ -128,8 +131,12 @@ def main() -> None:
     err_torch = rel_err(torch_step(x, w, args.eps), want)
 
     err_repeated = max(rel_err(kernel(x, w)[0], want) for _ in range(3))
+    os.environ["YIRAGE_DEVICE_GRAPHS"] = "0"
+    launches = yr.superoptimize(g, backend="cuda")  # the same decision, from the cache
+    del os.environ["YIRAGE_DEVICE_GRAPHS"]
     cases: dict[str, Callable[[], Any]] = {
         "yirage": lambda: kernel(x, w),
+        "yirage launches": lambda: launches(x, w),
         "torch": lambda: torch_step(x, w, args.eps),
     }
     captured = kernel.capture(x, w)
@@ -185,15 +192,15 @@ def _table(ranks: list[dict[str, Any]]) -> str:
         f"`rms_norm(all_reduce(X_r @ W_r))`, X_r [{s['rows']}, {s['k_per_rank']}], W_r "
         f"[{s['k_per_rank']}, {s['n']}], {s['dtype']}; µs per step, median over rounds.",
         "",
-        "| rank | yirage | torch | torch / yirage | yirage graph "
+        "| rank | yirage | yirage launches | torch | torch / yirage | yirage graph "
         "| torch graph | torch graph / yirage graph | cold s "
         "| max rel err (yirage first, repeated, graph; torch) | chosen |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for i, r in enumerate(ranks):
         m, e = r["median_us"], r["max_rel_err"]
         lines.append(
-            f"| {i} | {m['yirage']:.1f} | {m['torch']:.1f} "
+            f"| {i} | {m['yirage']:.1f} | {m['yirage launches']:.1f} | {m['torch']:.1f} "
             f"| {m['torch'] / m['yirage']:.2f}x | {m['yirage graph']:.1f} "
             f"| {m['torch graph']:.1f} | {m['torch graph'] / m['yirage graph']:.2f}x "
             f"| {r['cold_superoptimize_s']:.1f} | {e['yirage']:.1e}, {e['yirage repeated']:.1e}, "

@@ -4,8 +4,9 @@ calls (replayed from a graph captured at the second call) give the host-launched
 numbers, fresh outputs every time, follow in-place changes of the inputs and run inside a
 caller's own capture; and, on a host with two or more GPUs, a tensor-parallel kernel
 (``all_reduce`` over NCCL, one process per GPU) called repeatedly and captured, against the
-float64 reference evaluator's ranks, with the process group destroyed after the captured
-kernel is released."""
+float64 reference evaluator's ranks (repeated calls replay graphs split at the all_reduce,
+which runs from the host in between; the explicit capture holds the NCCL all_reduce and is
+released before the process group is destroyed)."""
 
 from __future__ import annotations
 
@@ -105,9 +106,11 @@ def _tp_rank(rank: int, world: int, store: str, cache: str, out: str) -> None:
         x = torch.randn(8, 512, device="cuda").half()
         w = (torch.randn(512, 1024, device="cuda") / 512**0.5).half()
         k = yr.superoptimize(g, backend="cuda")
-        assert k._graphs is None  # multi-device kernels are captured only on request
         direct = k(x, w)[0].clone()
-        repeated = [k(x, w)[0] for _ in range(3)][-1]
+        repeated = [k(x, w)[0] for _ in range(3)][-1]  # replayed: graph, all_reduce, graph
+        assert k._graphs is not None and k._graphs.failure is None
+        (segments,) = k._graphs._graphs.values()
+        assert len(segments.graphs) == 2 and len(segments.reductions) == 1
         step = k.capture(x, w)
         replayed = step()[0].clone()
         step.release()

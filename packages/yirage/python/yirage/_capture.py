@@ -15,7 +15,9 @@ next one (``torch.cuda.graphs`` has the same contract): clone what must outlive 
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -149,22 +151,124 @@ def _call_key(tensors: Sequence[Any]) -> tuple[Any, ...] | None:
     return tuple(key)
 
 
+class _Segments:
+    """A call captured as device graphs split at its all_reduce collectives: replaying it
+    replays each graph and runs each collective from the host in between, in place on the
+    buffer the captured code handed it (NCCL work is never captured: a graph holding it makes
+    ``torch.distributed.destroy_process_group()`` wait while the graph lives)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[Any] = []
+        self.reductions: list[tuple[Any, int]] = []
+        self.outputs: list[Any] = []
+
+    def __call__(self) -> list[Any]:
+        for i, g in enumerate(self.graphs):
+            g.replay()
+            if i < len(self.reductions):
+                buffer, world_size = self.reductions[i]
+                summed = _collectives.all_reduce(buffer, world_size)
+                if summed is not buffer:  # the next graph reads the buffer
+                    buffer[...] = summed
+        return self.outputs
+
+
+class _SegmentBoundary:
+    """The collective bound while a multi-device call is captured: each all_reduce ends
+    the graph being captured, is remembered with its buffer, and starts the next graph."""
+
+    def __init__(self, world_size: int, capture: _SegmentCapture) -> None:
+        self.world_size = world_size
+        self.rank = -1
+        self._capture = capture
+
+    def all_reduce(self, x: Any) -> Any:
+        self._capture.cut(x, self.world_size)
+        return x  # summed in place at replay, before the next graph reads it
+
+
+class _SegmentCapture:
+    """Captures one call into :class:`_Segments` (graphs sharing one memory pool, replayed
+    in capture order as torch requires)."""
+
+    def __init__(self, api: Any, graph_type: Any) -> None:
+        self.api = api
+        self.graph_type = graph_type
+        self.pool = api.graph_pool_handle()
+        self.segments = _Segments()
+        self._open: Any = None
+
+    def begin(self) -> None:
+        g = self.graph_type()
+        g.capture_begin(pool=self.pool)
+        self._open = g
+
+    def end(self) -> None:
+        g, self._open = self._open, None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a segment may be empty (nothing after a collective)
+            g.capture_end()
+        self.segments.graphs.append(g)
+
+    def cut(self, buffer: Any, world_size: int) -> None:
+        self.end()
+        self.segments.reductions.append((buffer, world_size))
+        self.begin()
+
+    def abandon(self) -> None:
+        """End a capture left open by a failure (its graph is dropped)."""
+        if self._open is not None:
+            with contextlib.suppress(Exception):
+                self._open.capture_end()
+            self._open = None
+
+
+def capture_segments(
+    call: Callable[..., list[Any]], tensors: Sequence[Any], device_type: str, world_size: int
+) -> _Segments:
+    """``call(*tensors)`` captured as :class:`_Segments` (one graph when ``world_size`` is
+    1). Collectives must have run eagerly before (their communicators exist)."""
+    import torch
+
+    api = getattr(torch, device_type)
+    graph_type: Any = getattr(api, "CUDAGraph", None) or getattr(api, "NPUGraph", None)
+    if graph_type is None or not hasattr(api, "graph_pool_handle"):
+        raise BackendError(f"torch.{device_type} has no graph capture")
+    dev = tensors[0].device
+    cap = _SegmentCapture(api, graph_type)
+    side = api.Stream(dev)
+    side.wait_stream(api.current_stream(dev))
+    api.synchronize(dev)
+    try:
+        with api.stream(side), _collectives.bound(_SegmentBoundary(world_size, cap)):
+            cap.begin()
+            outputs = list(call(*tensors))
+            cap.end()
+    except BaseException:
+        cap.abandon()
+        raise
+    api.current_stream(dev).wait_stream(side)
+    cap.segments.outputs = outputs
+    return cap.segments
+
+
 class RepeatGraphs:
     """Device graphs of a kernel's repeated calls: the second call on the same input
     tensors (same addresses, shapes, strides, dtypes and stream) runs eagerly and is captured;
     later ones replay the capture and return fresh copies of its outputs, so a call costs one
-    graph launch and one copy per output on the host. Calls inside another capture, calls
-    whose collective is not ``torch.distributed`` and CPU tensors run eagerly. A capture that
-    fails turns the graphs off for this kernel (logged once)."""
+    graph launch per collective-free part, the collectives and one copy per output on the
+    host (see :class:`_Segments`). Calls inside another capture, calls whose collective is
+    not ``torch.distributed`` and CPU tensors run eagerly. A capture that fails turns the
+    graphs off for this kernel (logged once)."""
 
-    def __init__(self, call: Callable[..., list[Any]], device_type: str, backend: str) -> None:
-        # (kernels of multi-device graphs get none: a graph holding a captured NCCL
-        # all_reduce makes torch.distributed.destroy_process_group() wait forever while it
-        # lives, so those are captured only on request, with OptimizedKernel.capture)
+    def __init__(
+        self, call: Callable[..., list[Any]], device_type: str, backend: str, world_size: int
+    ) -> None:
         self._call = call
         self._device_type = device_type
         self._backend = backend
-        self._graphs: dict[tuple[Any, ...], CapturedKernel] = {}
+        self._world_size = world_size
+        self._graphs: dict[tuple[Any, ...], _Segments] = {}
         self._seen: set[tuple[Any, ...]] = set()
         self._lock = threading.Lock()
         self.enabled = True
@@ -198,16 +302,8 @@ class RepeatGraphs:
         return _call_key(tensors)
 
     def _capture(self, key: tuple[Any, ...], tensors: Sequence[Any]) -> None:
-        import torch
-
-        api = getattr(torch, self._device_type)
-        graph_type: Any = getattr(api, "CUDAGraph", None) or getattr(api, "NPUGraph", None)
         try:
-            if graph_type is None:
-                raise BackendError(f"torch.{self._device_type} has no graph capture")
-            g = graph_type()
-            with api.graph(g):
-                outputs = list(self._call(*tensors))
+            segments = capture_segments(self._call, tensors, self._device_type, self._world_size)
         except Exception as exc:
             self.enabled = False
             self.failure = f"{type(exc).__name__}: {exc}"
@@ -218,6 +314,6 @@ class RepeatGraphs:
                 self.failure,
             )
             return
-        self._graphs[key] = CapturedKernel(api, g, list(tensors), outputs)
+        self._graphs[key] = segments
         while len(self._graphs) > MAX_GRAPHS:
             del self._graphs[next(iter(self._graphs))]

@@ -64,11 +64,10 @@ class OptimizedKernel:
     """A superoptimized kernel: call it with the graph's inputs (``k(*tensors)`` or
     ``k(inputs=[...])``) to get the list of outputs.
 
-    On a GPU backend, repeated calls of a single-device kernel on the same input tensors
-    replay a device graph of the call (captured at the second such call; see
-    ``yirage._capture.RepeatGraphs``) and return fresh outputs; ``YIRAGE_DEVICE_GRAPHS=0``
-    launches every kernel from the host instead. Multi-device kernels are captured only on
-    request (:meth:`capture`).
+    On a GPU backend, repeated calls on the same input tensors replay device graphs of the
+    call (captured at the second such call, split at collectives, which run from the host
+    in between; see ``yirage._capture.RepeatGraphs``) and return fresh outputs;
+    ``YIRAGE_DEVICE_GRAPHS=0`` launches every kernel from the host instead.
 
     A kernel of a multi-device graph (``world_size`` N > 1) is one rank's program: called
     normally, its all_reduce sums over the ranks of ``torch.distributed``'s default process
@@ -94,8 +93,8 @@ class OptimizedKernel:
         self.report = report
         device = backend.torch_device
         self._graphs = (
-            _capture.RepeatGraphs(self._run, device, backend.name)
-            if device not in (None, "cpu") and graph.world_size == 1 and _env.device_graphs()
+            _capture.RepeatGraphs(self._run, device, backend.name, graph.world_size)
+            if device not in (None, "cpu") and _env.device_graphs()
             else None
         )
 
