@@ -1,7 +1,11 @@
 """Cold ``superoptimize`` with compiling and profiling in this process (one GPU) against worker
 processes on every GPU of the host (``yirage._spread``), interleaved, on the bench workloads:
 
-    python benchmarks/spread_cold.py --out results/spread [--rounds 2] [--workloads ...]
+    python benchmarks/spread_cold.py --out results/spread [--rounds 2] [--workloads ...] [--warm]
+
+With ``--warm`` the timed call is the process's second (a small graph is superoptimized
+first, so the workers are running and the imports done), as in a process that superoptimizes
+several graphs.
 
 Each run is a fresh Python process with empty yirage and Triton caches (what a first call
 costs, the workers' start included); ``YIRAGE_PROFILE_WORKERS=0`` is the one-GPU run, the GPU
@@ -25,6 +29,10 @@ ONE_RUN = r"""
 import json, sys, time
 import yirage as yr
 from yirage._workloads import get_workload
+if sys.argv[3] == "warm":  # a first call in this process: workers started, imports done
+    w = yr.new_kernel_graph()
+    w.mark_output(w.exp(w.new_input((64, 256), yr.float16)))
+    yr.superoptimize(w, backend="cuda", top_k=8)
 wl = get_workload(sys.argv[1])
 g = wl.graph(sys.argv[2])
 t = time.perf_counter()
@@ -46,13 +54,13 @@ CASES = (
 )
 
 
-def run_once(workload: str, preset: str, spread: bool, workers: int) -> dict[str, Any]:
+def run_once(workload: str, preset: str, spread: bool, workers: int, warm: bool) -> dict[str, Any]:
     env = dict(os.environ)
     env["YIRAGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="yr-cold-")
     env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
     env["YIRAGE_PROFILE_WORKERS"] = str(workers) if spread else "0"
     out = subprocess.run(
-        [sys.executable, "-c", ONE_RUN, workload, preset],
+        [sys.executable, "-c", ONE_RUN, workload, preset, "warm" if warm else "cold"],
         env=env,
         capture_output=True,
         text=True,
@@ -68,6 +76,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results/spread"))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workloads", nargs="*", default=[c[0] for c in CASES])
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="time a second call in the process (a small graph superoptimized first)",
+    )
     args = ap.parse_args()
     import torch
 
@@ -79,14 +92,15 @@ def main() -> None:
                 continue
             row = rows.setdefault(f"{workload}:{preset}", {"one": [], "spread": []})
             for mode in ("one", "spread"):
-                res = run_once(workload, preset, mode == "spread", gpus)
+                res = run_once(workload, preset, mode == "spread", gpus, args.warm)
                 row[mode].append(res)
                 print(workload, preset, mode, json.dumps(res)[:300], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "gpus": gpus, "rows": rows}
+    meta = {"device": torch.cuda.get_device_name(), "gpus": gpus, "warm": args.warm, "rows": rows}
     (args.out / "results.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     lines = [
-        f"# Cold superoptimize: one GPU vs {gpus} x {meta['device']}",
+        f"# {'Second' if args.warm else 'First'} superoptimize in a process: one GPU vs "
+        f"{gpus} x {meta['device']}",
         "",
         "| case | one GPU s | spread s | speed-up | one: compile / profile s "
         "| spread: compile / profile s | chosen (one; spread) µs |",
