@@ -306,4 +306,42 @@ mod tests {
         let p = fused_rmsnorm_linear(1024, 4096, 4096, 128, 256, 64);
         assert!(!super::super::prefill_terms_off(&spec, &p));
     }
+
+    #[test]
+    fn decode_candidates_are_costed_as_before() {
+        // every kernel of every candidate the search returns for a decode-sized RMSNorm +
+        // Linear and gated MLP (8 rows, fp16) is outside the prefill terms, so decode
+        // rankings are what they were before them
+        let spec = DeviceSpec::h100();
+        let mut rmsnorm_linear = KernelGraph::new();
+        let x = rmsnorm_linear.new_input(&[8, 1024], DType::F16).unwrap();
+        let w = rmsnorm_linear.new_input(&[1024, 1536], DType::F16).unwrap();
+        let y = rmsnorm_linear.rms_norm(x, &[1024], None, 1e-6).unwrap();
+        let z = rmsnorm_linear.matmul(y, w).unwrap();
+        rmsnorm_linear.mark_output(z).unwrap();
+        let mut gated = KernelGraph::new();
+        let x = gated.new_input(&[8, 1024], DType::F16).unwrap();
+        let w1 = gated.new_input(&[1024, 1024], DType::F16).unwrap();
+        let w2 = gated.new_input(&[1024, 1024], DType::F16).unwrap();
+        let a = gated.matmul(x, w1).unwrap();
+        let b = gated.matmul(x, w2).unwrap();
+        let s = gated.unary(crate::UnaryOp::Silu, a).unwrap();
+        let o = gated.binary(crate::BinaryOp::Mul, s, b).unwrap();
+        gated.mark_output(o).unwrap();
+        for g in [rmsnorm_linear, gated] {
+            let r = crate::search::search(
+                &g,
+                &spec,
+                &crate::search::SearchConfig::default(),
+                &crate::search::SearchControl::default(),
+            )
+            .unwrap();
+            assert!(r.candidates.iter().any(|c| !c.baseline));
+            for c in &r.candidates {
+                for p in graph_profiles(&c.graph).unwrap() {
+                    assert!(super::super::prefill_terms_off(&spec, &p), "{}", c.label);
+                }
+            }
+        }
+    }
 }
