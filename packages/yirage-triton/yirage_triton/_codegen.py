@@ -27,6 +27,10 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
 * Everything is computed in fp32; loaded 16-bit tiles are fed to ``tl.dot`` as they are
   (fp32 accumulation), computed fp32 operands of a matmul are rounded to the graph's 16-bit
   dtype first (or, for fp32 graphs, multiplied with ``input_precision`` from the options).
+* Grids over two axes (row tiles x column tiles) run in the grouped tile order of
+  :func:`grouped_order_lines` (the order the core's cost model assumes for L2 reuse within a
+  wave); the pipeline depth is the most stages whose padded stream buffers fit the shared
+  memory budget (:meth:`_KernelPrinter.pipelined_bytes`).
 * Phases: ``pre`` ops and loop-invariant loads are hoisted before the loop, ``loop`` ops and
   accumulator updates run in ``tl.range(0, forloop_range, num_stages=NUM_STAGES)``,
   ``epilogue`` ops and the stores after it. A matmul the plan marks ``accumulate_into`` an
