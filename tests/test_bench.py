@@ -34,6 +34,15 @@ TINY = {
     "lora": {"b": 4, "h": 64, "n": 32, "r": 4, "dtype": yr.float32},
     "gqa_decode": {"b": 1, "q_heads": 8, "kv_heads": 2, "d": 16, "kv": 64, "dtype": yr.float32},
     "qknorm_gqa": {"b": 1, "q_heads": 8, "kv_heads": 2, "d": 16, "kv": 64, "dtype": yr.float32},
+    "attention_prefill": {
+        "b": 2,
+        "q_heads": 3,
+        "kv_heads": 3,
+        "d": 8,
+        "kv": 24,
+        "q_len": 16,
+        "dtype": yr.float32,
+    },
 }
 
 
@@ -204,7 +213,10 @@ def test_cases_follow_targets() -> None:
         "gqa_decode_b8_kv16384",
         "qknorm_gqa_b8_kv4096",
     ]
-    assert not notes
+    assert notes == [
+        "attention_prefill: no 'gpu' shape preset (presets: cpu, prefill_1024, prefill_4096); "
+        "not run"
+    ]
     cpu, _ = _harness.select_cases(["all"], "cpu")
     assert [c.name for c in cpu] == [
         "rmsnorm_linear_b8",
@@ -213,6 +225,7 @@ def test_cases_follow_targets() -> None:
         "gated_mlp_b8",
         "lora_b8",
         "gqa_decode_b2_kv1024",
+        "attention_prefill_b1_q64_kv256",
         "qknorm_gqa_b2_kv1024",
     ]
     one, _ = _harness.select_cases(["gqa_decode_b8_kv16384"], "gpu")
@@ -238,7 +251,8 @@ def test_model_presets_are_cpu_model_sizes_in_float32_and_bfloat16() -> None:
         "gqa_decode_b1_kv8192",
         "gqa_decode_b1_kv8192_bf16",
     ]
-    assert len(notes) == 3  # rms_norm, norm_transformer, qknorm_gqa have no model preset
+    # rms_norm, norm_transformer, attention_prefill, qknorm_gqa have no model preset
+    assert len(notes) == 4
     dims = {c.name: c.workload.input_dims(c.preset) for c in cases}
     assert dims["rmsnorm_linear_b8"] == [(8, 4096), (4096, 6144)]
     assert dims["gated_mlp_b8_bf16"] == [(8, 4096), (4096, 11008), (4096, 11008)]
@@ -267,6 +281,66 @@ def test_batch_overrides_every_preset() -> None:
     for bad in (0, -1, True):
         with pytest.raises(yr.ConfigError, match="positive int"):
             _harness.with_batch(cases, bad)
+
+
+def test_prefill_presets_list_the_attention_prefill_cases() -> None:
+    """``--shapes prefill``: RMSNorm + Linear and gated MLP at 256/1024/4096 rows and attention
+    prefill at 1024 and 4096 query rows (32 heads, d 128, float16); each preset alone too."""
+    cases, _ = _harness.select_cases("all", "prefill")
+    names = [c.name for c in cases]
+    assert names[-2:] == ["attention_prefill_b1_q1024_kv1024", "attention_prefill_b1_q4096_kv4096"]
+    assert sum(n.startswith("rmsnorm_linear") for n in names) == 3
+    assert sum(n.startswith("gated_mlp") for n in names) == 3
+    one, notes = _harness.select_cases(["attention_prefill"], "prefill_4096")
+    assert [c.name for c in one] == ["attention_prefill_b1_q4096_kv4096"] and not notes
+    wl = one[0].workload
+    assert wl.input_dims("prefill_4096") == [(32, 4096, 128), (32, 128, 4096), (32, 4096, 128)]
+    assert wl.dtype("prefill_4096") == yr.float16 and wl.has_expert
+    assert wl.input_dims("prefill_1024")[0] == (32, 1024, 128)
+
+
+def _np_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(Q·Kt/√d)·V per head (the leading dim), max-shifted, in float64."""
+    s = np.einsum("hqd,hdk->hqk", q, kt) / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.einsum("hqk,hkd->hqd", p / p.sum(axis=-1, keepdims=True), v)
+
+
+def test_attention_prefill_matches_a_float64_reference() -> None:
+    """The graph the search gets, the torch reference and the SDPA expert all compute
+    softmax(Q·Kᵀ/√d)·V per head over q_len query rows (2 batches of 3 heads, 16 by 24)."""
+    wl = tiny("attention_prefill")
+    assert wl.input_dims("cpu") == [(6, 16, 8), (6, 8, 24), (6, 24, 8)]
+    arrays = [a.astype(np.float64) for a in wl.inputs("cpu", seed=5, numpy=True)]
+    expected = _np_attention(*arrays)
+    tensors = [torch.from_numpy(a) for a in arrays]
+    (ref,) = wl.reference(*tensors)
+    np.testing.assert_allclose(ref.numpy(), expected, rtol=1e-12, atol=1e-12)
+    (sdpa,) = wl.expert(*tensors)
+    np.testing.assert_allclose(sdpa.numpy(), expected, rtol=1e-10, atol=1e-12)
+    (ev,) = wl.graph("cpu").evaluate(arrays)
+    np.testing.assert_allclose(ev, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_bench_searches_without_presets_unless_asked(tmp_path: Path) -> None:
+    """The default search, as a user calls it; ``--search-presets`` passes each workload's
+    preset (recorded in the row and in run.json's settings and command)."""
+    wl = tiny("gated_mlp")
+    assert wl.search_config == "mlp"
+    fake = FakeOptimizer([wl])
+    results, folder = _harness.run_bench([wl], _cfg(tmp_path, superoptimize=fake))
+    assert all("config" not in o for o in fake.options)
+    assert results["rows"][0]["yirage_search_config"] is None
+    run = json.loads((folder / "run.json").read_text())
+    assert run["settings"]["search_presets"] is False
+    fake.options.clear()
+    results, folder = _harness.run_bench(
+        [wl], _cfg(tmp_path, superoptimize=fake, search_presets=True)
+    )
+    assert [o.get("config") for o in fake.options] == ["mlp", "mlp"]
+    assert results["rows"][0]["yirage_search_config"] == "mlp"
+    run = json.loads((folder / "run.json").read_text())
+    assert run["settings"]["search_presets"] is True and "--search-presets" in run["command"]
 
 
 # the workloads' torch references against numpy in float64, written out independently
@@ -592,7 +666,7 @@ def test_cpu_backend_end_to_end(tmp_path: Path) -> None:
         assert row["yirage_us"] > 0 and row["correct"]["yirage"]
         assert row["max_rel_err"] <= row["tolerance"]
         assert row["search_s"] >= 0 and row["codegen_compile_s"] >= 0
-        assert row["yirage_search_config"] == wls[0].search_config
+        assert row["yirage_search_config"] is None  # the default search, no preset
         assert row["yirage_warm_from_cache"] and row["warm_s"] < row["yirage_cold_s"]
 
 

@@ -27,6 +27,7 @@
 //! set does not depend on the thread count when the search runs to exhaustion.
 
 pub mod block;
+pub mod budget;
 pub mod concrete;
 pub mod expr;
 pub mod kernel;
@@ -117,6 +118,15 @@ fn available_memory_bytes() -> Option<u64> {
     Some(kib.saturating_mul(1024))
 }
 
+/// Whether work expected to take `expected` from now would end after `deadline`.
+fn past_deadline(deadline: Option<Instant>, expected: Duration) -> bool {
+    deadline.is_some_and(|d| {
+        Instant::now()
+            .checked_add(expected)
+            .is_none_or(|end| end > d)
+    })
+}
+
 /// Up to `n` candidates from `queue` (indices into the space's realisations) that the
 /// verification loop may fingerprint next, realised: those `eligible` says are not held
 /// back, that realise and lower, and whose hash is not `known`.
@@ -167,6 +177,11 @@ fn tiling_key(label: &str) -> String {
     out
 }
 
+/// The default of [`SearchConfig::verify_time_limit_s`]: 40 % of the 10 s a cold
+/// `superoptimize` may take, the rest left to the enumeration, code generation,
+/// compilation, the numeric checks and profiling.
+pub const DEFAULT_VERIFY_TIME_LIMIT_S: f64 = 4.0;
+
 /// Search options (JSON from Python: every field optional).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -201,6 +216,11 @@ pub struct SearchConfig {
     /// Fingerprint every candidate at the target's full size (default: at a reduced row
     /// count where the candidate's tiling allows, see [`shrink`]).
     pub verify_full_size: bool,
+    /// Seconds the verification may spend on large fingerprint checks once the enumeration
+    /// is done (`None`: only `time_limit_s` bounds it). A check expected to end later is not
+    /// started (see [`budget`]); checks below [`budget::SMALL_WORK`] always run, so
+    /// searches at small sizes do not depend on the clock.
+    pub verify_time_limit_s: Option<f64>,
     pub egraph_node_limit: usize,
     /// `attention`, `mlp` or `lora`: narrows the space (see [`SearchConfig::apply_preset`]).
     pub preset: Option<String>,
@@ -226,6 +246,7 @@ impl Default for SearchConfig {
             max_concretisations: 20_000,
             max_verify: 48,
             verify_full_size: false,
+            verify_time_limit_s: Some(DEFAULT_VERIFY_TIME_LIMIT_S),
             egraph_node_limit: 20_000,
             preset: None,
         }
@@ -276,6 +297,13 @@ impl SearchConfig {
         if let Some(t) = self.time_limit_s {
             if !(t.is_finite() && t >= 0.0) {
                 return bad("time_limit_s must be a finite number ≥ 0");
+            }
+        }
+        if let Some(t) = self.verify_time_limit_s {
+            if !(t.is_finite() && t >= 0.0) {
+                return bad(
+                    "verify_time_limit_s must be a finite number ≥ 0 (or None for no limit)",
+                );
             }
         }
         if self.top_k == 0 {
@@ -978,14 +1006,31 @@ fn conclude(
     space: &Space<'_>,
 ) -> Result<SearchResult> {
     let deadline = cfg.time_limit_s.map(|l| start + Duration::from_secs_f64(l));
+    let verify_until = cfg
+        .verify_time_limit_s
+        .map(|l| Instant::now() + Duration::from_secs_f64(l));
+    let deadlines = Deadlines {
+        hard: deadline,
+        large_checks: match (deadline, verify_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        },
+    };
     let dfs_stop = en.dfs_stop;
     let mut notes = en.notes;
     let target_hash = crate::json::hash(target);
-    let (mut verified, verify_stop, plan_rejects) =
-        verify_space(target, spec, cfg, ctl, deadline, &target_hash, space)?;
-    if plan_rejects > 0 {
+    let (mut verified, verify_stop, rejects) =
+        verify_space(target, spec, cfg, ctl, deadlines, &target_hash, space)?;
+    if rejects.plan > 0 {
         notes.push(format!(
-            "{plan_rejects} candidate(s) did not lower to a valid kernel plan on this device"
+            "{} candidate(s) did not lower to a valid kernel plan on this device",
+            rejects.plan
+        ));
+    }
+    if rejects.over_time > 0 {
+        notes.push(format!(
+            "{} candidate(s) were left unverified: their fingerprint checks, estimated from the checks already run, would have ended after the time limit",
+            rejects.over_time
         ));
     }
 
@@ -1031,18 +1076,36 @@ fn conclude(
     })
 }
 
+/// When the verification stops: `hard` ends the loop (the search's time limit); a large
+/// check expected to end after `large_checks` is not started.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    hard: Option<Instant>,
+    large_checks: Option<Instant>,
+}
+
+/// Candidates the verification loop left out without a verdict.
+#[derive(Debug, Default, Clone, Copy)]
+struct Unchecked {
+    /// Did not lower to a kernel plan on the device.
+    plan: usize,
+    /// Their check would have ended after the deadline (see [`budget`]).
+    over_time: usize,
+}
+
 /// The verification loop: fingerprint the candidates of `space` in estimate order until
-/// `top_k` pass; returns the verified ones, why it stopped early, and how many candidates
-/// did not lower to a kernel plan.
+/// `top_k` pass; returns the verified ones, why it stopped early, and the candidates left
+/// without a verdict. A large check expected to end after its deadline is not started: the
+/// candidate stays unverified and the stop reason is the time limit.
 fn verify_space(
     target: &KernelGraph,
     spec: &DeviceSpec,
     cfg: &SearchConfig,
     ctl: &SearchControl,
-    deadline: Option<Instant>,
+    deadlines: Deadlines,
     target_hash: &str,
     space: &Space<'_>,
-) -> Result<(Vec<Candidate>, Stop, usize)> {
+) -> Result<(Vec<Candidate>, Stop, Unchecked)> {
     // Rank and verify.
     let p = &ctl.progress;
     let reals = space.reals;
@@ -1054,7 +1117,7 @@ fn verify_space(
     let mut verify_stop = Stop::None;
     seen.insert(target_hash.to_string());
     let mut tests = 0usize;
-    let mut plan_rejects = 0usize;
+    let mut unchecked = Unchecked::default();
     // First pass: at most PER_STRUCTURE tilings of one kernel structure, so the top-k the
     // device profiles are diverse; the second pass fills up with the skipped ones.
     let mut per_skel = vec![0usize; space.kernels.len()];
@@ -1118,7 +1181,7 @@ fn verify_space(
             verify_stop = Stop::Cancelled;
             break;
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if deadlines.hard.is_some_and(|d| Instant::now() >= d) {
             verify_stop = Stop::Time;
             break;
         }
@@ -1144,7 +1207,7 @@ fn verify_space(
         }
         same_tiling.push(predicted_us);
         if lower_candidate(&g, spec).is_err() {
-            plan_rejects += 1;
+            unchecked.plan += 1;
             p.rejected.fetch_add(1, Ordering::Relaxed);
             continue;
         }
@@ -1157,6 +1220,16 @@ fn verify_space(
                 !cfg.verify_full_size,
             )?),
         };
+        let too_long = |g: &KernelGraph| {
+            check
+                .estimate(g)
+                .is_some_and(|e| past_deadline(deadlines.large_checks, e))
+        };
+        if too_long(&g) {
+            unchecked.over_time += 1;
+            verify_stop = Stop::Time;
+            continue;
+        }
         tests += 1;
         p.fingerprint_tests.fetch_add(1, Ordering::Relaxed);
         let ok = match verdicts.remove(&h) {
@@ -1166,7 +1239,7 @@ fn verify_space(
                 // (`verify_width`): one fingerprint uses 16 cores poorly (2.7x over one core
                 // on the H100 host), four at once give 2.3x its throughput. Verdicts of
                 // candidates the loop then skips are unused; the outcome is the serial loop's.
-                let ahead = lookahead(
+                let mut ahead = lookahead(
                     space.realise,
                     &queue[qi..],
                     spec,
@@ -1174,12 +1247,13 @@ fn verify_space(
                     |i| !held_back(i),
                     |h| seen.contains(h) || verdicts.contains_key(h),
                 );
+                ahead.retain(|(_, a)| !too_long(a));
                 let (ok, oks) = rayon::join(
-                    || check.matches(&g),
+                    || check.matches_timed(&g),
                     || {
                         ahead
                             .par_iter()
-                            .map(|(_, a)| check.matches(a))
+                            .map(|(_, a)| check.matches_timed(a))
                             .collect::<Vec<_>>()
                     },
                 );
@@ -1203,7 +1277,7 @@ fn verify_space(
             p.rejected.fetch_add(1, Ordering::Relaxed);
         }
     }
-    Ok((verified, verify_stop, plan_rejects))
+    Ok((verified, verify_stop, unchecked))
 }
 
 /// The report of a finished search from its progress counters: `programs_nodes_classes` =

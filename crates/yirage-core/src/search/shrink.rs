@@ -32,6 +32,9 @@ use crate::kernel_graph::{KernelGraph, KernelOpKind};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::budget::{eval_work, CheckClock, SMALL_WORK};
 
 /// Smallest reduced extent of a free dim that no tile constrains.
 const MIN_ROWS: usize = 32;
@@ -461,6 +464,8 @@ pub struct Verifier {
     /// the same check and one copy is kept.
     full: Mutex<Option<Arc<Option<TrialCheck>>>>,
     reduced: Mutex<HashMap<ShrinkMap, Option<ReducedTarget>>>,
+    /// Time per unit of check work, measured on the checks run so far.
+    clock: CheckClock,
 }
 
 impl Verifier {
@@ -478,12 +483,61 @@ impl Verifier {
             },
             full: Mutex::new(None),
             reduced: Mutex::new(HashMap::new()),
+            clock: CheckClock::default(),
         };
         if v.free.is_none() {
+            let t0 = Instant::now();
             let check = TrialCheck::new(target, trials, seed)?;
+            v.clock.record(
+                eval_work(target).saturating_mul(trials as u64),
+                t0.elapsed(),
+            );
             *v.full.lock().map_err(|_| poisoned())? = Some(Arc::new(Some(check)));
         }
         Ok(v)
+    }
+
+    /// Work units of checking `g` ([`eval_work`] of what is evaluated, over the trials):
+    /// its reduced twin or itself, and the target at that size when it has not been
+    /// evaluated yet (a target of the twin's size costs about what the twin costs).
+    pub fn check_work(&self, g: &KernelGraph) -> u64 {
+        let shrunk = self.free.as_ref().and_then(|free| {
+            let p = plan(g, free)?;
+            let small = reduce(g, &p, &p.map)?;
+            Some((p.map, small))
+        });
+        let (work, target_built) = match shrunk {
+            Some((map, small)) => {
+                let built = self.reduced.lock().is_ok_and(|r| r.contains_key(&map));
+                (eval_work(&small), built)
+            }
+            None => {
+                let built = self.full.lock().is_ok_and(|f| f.is_some());
+                (eval_work(g), built)
+            }
+        };
+        let evaluations = if target_built { 1 } else { 2 };
+        work.saturating_mul(evaluations * self.trials as u64)
+    }
+
+    /// The expected time of checking `g` at the time per unit of work measured so far; None
+    /// for a small check (below [`SMALL_WORK`]), which is never held back.
+    pub fn estimate(&self, g: &KernelGraph) -> Option<Duration> {
+        let work = self.check_work(g);
+        if work < SMALL_WORK {
+            return None;
+        }
+        self.clock.calibrate_once(self.trials, self.seed);
+        Some(self.clock.estimate(work))
+    }
+
+    /// Whether `g` is equivalent to the target, timing the check for [`Verifier::estimate`].
+    pub fn matches_timed(&self, g: &KernelGraph) -> bool {
+        let work = self.check_work(g);
+        let t0 = Instant::now();
+        let ok = self.matches(g);
+        self.clock.record(work, t0.elapsed());
+        ok
     }
 
     fn full(&self) -> Option<Arc<Option<TrialCheck>>> {

@@ -11,9 +11,12 @@ use crate::dense::Tensor;
 use crate::ops::AccumKind;
 use crate::DType;
 
+/// Limits no test search reaches, so what the tests assert does not depend on the clock
+/// (the verification budget has tests of its own).
 fn cfg() -> SearchConfig {
     SearchConfig {
         time_limit_s: Some(300.0),
+        verify_time_limit_s: None,
         ..Default::default()
     }
 }

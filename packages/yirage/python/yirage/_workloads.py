@@ -13,7 +13,9 @@ Attention layout: the µGraph IR has no transpose, so GQA decode is expressed pe
 the query heads that share it as rows: ``Q[b·kvh, g, d]`` (g = query heads per KV head),
 ``Kt[b·kvh, d, kv]`` (K transposed) and ``V[b·kvh, kv, d]``; query head ``h·g + r`` of batch
 ``i`` is row ``r`` of ``Q[i·kvh + h]`` (PyTorch's ``enable_gqa`` convention). The output is
-``softmax(Q·Kt/√d)·V`` of shape ``[b·kvh, g, d]``.
+``softmax(Q·Kt/√d)·V`` of shape ``[b·kvh, g, d]``. Attention prefill is the same graph with
+``q_len`` query rows per head and one query head per KV head: ``Q[b·h, q_len, d]``,
+``Kt[b·h, d, kv]``, ``V[b·h, kv, d]`` (no causal mask: the IR has no masking op).
 
 QK-norm: Q is normalised with ``rms_norm`` over d; K (stored transposed, so d is dim -2) with
 the same formula written out, ``Kt / sqrt(mean(Kt², dim=-2))`` — the IR has no scalar add,
@@ -215,8 +217,10 @@ def _lora_ref(x: Any, w: Any, a: Any, b: Any) -> list[Any]:
 
 
 def _gqa_dims(s: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(groups, query rows per group, d, kv): a group is one KV head of one batch; its rows
+    are the query heads sharing it, each ``q_len`` rows long (1 for decode)."""
     groups = s["b"] * s["kv_heads"]
-    per = s["q_heads"] // s["kv_heads"]
+    per = s["q_heads"] // s["kv_heads"] * s.get("q_len", 1)
     return groups, per, s["d"], s["kv"]
 
 
@@ -268,6 +272,15 @@ def _sdpa(q: Any, kt: Any, v: Any, kv_heads: int = 2) -> list[Any]:
     return [out.reshape(bb, g_, d)]
 
 
+def _sdpa_prefill(q: Any, kt: Any, v: Any) -> list[Any]:
+    """Expert for attention prefill: PyTorch SDPA (flash attention on GPUs) over the
+    ``[b·heads, q_len, d]`` queries with K in its natural contiguous ``[.., kv, d]`` layout;
+    the leading dim is SDPA's batch, a view of ``[b, heads, q_len, d]``."""
+    import torch
+
+    return [torch.nn.functional.scaled_dot_product_attention(q, _natural_k(kt), v)]
+
+
 def _qknorm_graph(s: Mapping[str, Any], dt: DType) -> KernelGraph:
     bb, g_, d, kv = _gqa_dims(s)
     g = new_kernel_graph()
@@ -293,6 +306,22 @@ def _qknorm_ref(q: Any, kt: Any, v: Any) -> list[Any]:
 
 def _gqa_shapes(b: int, kv: int, dtype: DType) -> dict[str, Any]:
     return {"b": b, "q_heads": 8, "kv_heads": 2, "d": 128, "kv": kv, "dtype": dtype}
+
+
+def _prefill_shapes(
+    q_len: int, dtype: DType, heads: int = 32, d: int = 128, kv: int | None = None
+) -> dict[str, Any]:
+    """Attention prefill: ``q_len`` query rows against ``kv`` keys (default as many: self-
+    attention over the prompt), ``heads`` heads (one query head per KV head)."""
+    return {
+        "b": 1,
+        "q_heads": heads,
+        "kv_heads": heads,
+        "d": d,
+        "kv": q_len if kv is None else kv,
+        "q_len": q_len,
+        "dtype": dtype,
+    }
 
 
 _GQA_SHAPES: dict[str, dict[str, Any]] = {
@@ -393,6 +422,22 @@ WORKLOADS: dict[str, Workload] = {
             _gqa_ref,
             _sdpa,
             "torch SDPA (enable_gqa, K in its natural contiguous layout)",
+            "attention",
+        ),
+        Workload(
+            "attention_prefill",
+            "softmax(Q[b·h,s,d] · Kt[b·h,d,s] / √d) · V[b·h,s,d] (self-attention prefill, "
+            "s query rows, 32 heads, d 128, no mask)",
+            {
+                # a 64-row prompt chunk against 256 keys (CI size)
+                "cpu": _prefill_shapes(64, float32, heads=2, d=64, kv=256),
+                "prefill_1024": _prefill_shapes(1024, float16),
+                "prefill_4096": _prefill_shapes(4096, float16),
+            },
+            _gqa_graph,
+            _gqa_ref,
+            _sdpa_prefill,
+            "torch SDPA (flash attention, K in its natural contiguous layout)",
             "attention",
         ),
         Workload(

@@ -131,6 +131,12 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "results are rewritten after every workload anyway",
     )
     p.add_argument(
+        "--search-presets",
+        action="store_true",
+        help="pass each workload's search preset (attention, mlp, lora) to superoptimize; "
+        "default: the default search, without presets",
+    )
+    p.add_argument(
         "--append",
         action="store_true",
         help="keep the rows of other workloads already in OUT/<device-slug>/results.json "
@@ -151,7 +157,7 @@ def _command_line(args: argparse.Namespace) -> str:
         parts.append(f"--seed {args.seed}")
     if args.time_budget is not None:
         parts.append(f"--time-budget {args.time_budget:g}")
-    for flag in ("no_torch_compile", "quick", "no_plot", "append"):
+    for flag in ("no_torch_compile", "quick", "no_plot", "search_presets", "append"):
         if getattr(args, flag):
             parts.append("--" + flag.replace("_", "-"))
     return " ".join(parts)
@@ -174,6 +180,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         compile_mode=None if args.no_torch_compile else _harness.COMPILE_MODE,
         plot=not args.no_plot,
         time_budget_s=args.time_budget,
+        search_presets=args.search_presets,
         append=args.append,
         command=_command_line(args),
     )

@@ -80,12 +80,14 @@ class Case:
 
     @property
     def name(self) -> str:
-        """``<workload>_b<b>[_kv<kv>][_bf16]`` from the preset's sizes and dtype (bfloat16
-        is named, so a float32 and a bfloat16 case of one size are two rows)."""
+        """``<workload>_b<b>[_q<q_len>][_kv<kv>][_bf16]`` from the preset's sizes and dtype
+        (bfloat16 is named, so a float32 and a bfloat16 case of one size are two rows)."""
         s = self.shape
         parts = [str(self.workload.name)]
         if "b" in s:
             parts.append(f"b{s['b']}")
+        if "q_len" in s:
+            parts.append(f"q{s['q_len']}")
         if "kv" in s:
             parts.append(f"kv{s['kv']}")
         if getattr(s.get("dtype"), "name", None) == "bfloat16":
@@ -114,6 +116,9 @@ class BenchConfig:
     superoptimize: Callable[..., Any] | None = None  # None: yirage's superoptimize
     plot: bool = True
     time_budget_s: float | None = None  # no new case starts after this many seconds
+    # pass each workload's ``search_config`` preset to superoptimize (default: the default
+    # search, as a user calls it without options)
+    search_presets: bool = False
     append: bool = False  # keep the rows of other workloads from results.json in the folder
     command: str | None = None  # the reproducing command recorded in the report
     extra_notes: list[str] = field(default_factory=list)
@@ -349,8 +354,8 @@ def _run_yirage(
         from yirage._superoptimize import superoptimize
 
         optimize = superoptimize
-    # the workload's search preset, as a user would pass it (recorded in the row)
-    config = getattr(case.workload, "search_config", None)
+    # the default search unless the run asks for the workload's preset (recorded in the row)
+    config = getattr(case.workload, "search_config", None) if cfg.search_presets else None
     options: dict[str, Any] = {} if config is None else {"config": config}
     cache = Path(tempfile.mkdtemp(prefix=f"cache-{case.name}-", dir=tmp_root))
     # Triton's own cache too, so kernels the backend builds with Triton are built cold
@@ -733,6 +738,7 @@ def default_command(cfg: BenchConfig, workloads: str | Sequence[Any]) -> str:
         f"yirage bench --backend {cfg.backend} --workloads {' '.join(names)} "
         f"--shapes {cfg.family}"
         + ("" if cfg.batch is None else f" --batch {cfg.batch}")
+        + (" --search-presets" if cfg.search_presets else "")
         + f" --out {shlex.quote(str(cfg.out))}"
     )
 
@@ -810,6 +816,7 @@ def run_bench(
             "graph_launches": cfg.graph_launches,
             "graph_replays": cfg.graph_replays,
             "time_budget_s": cfg.time_budget_s,
+            "search_presets": cfg.search_presets,
         },
         # every YIRAGE_* variable that was set (YIRAGE_CUDA_PDL=0 changes the kernels' launch)
         "yirage_env": {v.name: v.raw() for v in all_env_vars() if v.raw() is not None},

@@ -1,0 +1,78 @@
+"""The default search: what it finds for the bench workloads, and the verification budget
+that keeps large fingerprint checks within the search's time (docs/api.md, "Search")."""
+
+from __future__ import annotations
+
+import pytest
+from _search_graphs import H100, rmsnorm_linear
+
+import yirage as yr
+from yirage import _workloads
+
+#: Bench workloads whose default search the test below runs at their CI size ("cpu" preset).
+#: Left out: qknorm_gqa and attention_prefill, whose unrestricted enumerations (up to four
+#: kernel ops; 37 s for attention_prefill's CI size with the pinned H100 spec) come near or
+#: run into the enumeration's share of the time limit on a 2-core host, so what they find
+#: there depends on the clock (benchmarks/README.md, "Default search time per bench case").
+DEFAULT_SEARCH_WORKLOADS = (
+    "rmsnorm_linear",
+    "rms_norm",
+    "norm_transformer",
+    "gated_mlp",
+    "lora",
+    "gqa_decode",
+)
+
+
+@pytest.mark.parametrize("name", DEFAULT_SEARCH_WORKLOADS)
+def test_default_options_find_a_fused_kernel_for_each_bench_workload(name: str) -> None:
+    """No preset, no options: the search still finds a generated (fused) kernel for each
+    decode-sized workload, with the pinned H100 spec, as the bench (no presets) relies on."""
+    wl = _workloads.get_workload(name)
+    res = yr.search(wl.graph("cpu"), device_spec=H100, cache=False)
+    fused = [c for c in res.candidates if not c.baseline and "custom[" in c.label]
+    assert fused, (res.report.stop_reason, [c.label for c in res.candidates])
+    assert res.report.stop_reason in ("exhausted", "time_limit")
+
+
+def _search_rmsnorm_linear(**options: object) -> yr.SearchResult:
+    # 8 x 4096 x 1536 at full size: 50 M multiply-adds per check, above the size the budget
+    # always lets through
+    return yr.search(
+        rmsnorm_linear(8, 4096, 1536),
+        device_spec=H100,
+        cache=False,
+        verify_full_size=True,
+        **options,
+    )
+
+
+def test_the_verification_budget_leaves_large_checks_out_and_says_so() -> None:
+    """With no time for large checks none is started: only the baseline comes back, the stop
+    reason says a time limit cut the search short and a note says how many were left out;
+    without the budget the same search verifies fused candidates and runs to the end."""
+    cut = _search_rmsnorm_linear(verify_time_limit_s=0)
+    assert [c.baseline for c in cut.candidates] == [True]
+    assert cut.report.stop_reason == "time_limit"
+    assert cut.report.fingerprint_tests == 0
+    assert any("left unverified" in n and "time limit" in n for n in cut.report.notes)
+
+    free = _search_rmsnorm_linear(verify_time_limit_s=None)
+    assert free.report.stop_reason == "exhausted"
+    assert any(not c.baseline for c in free.candidates)
+    assert not any("left unverified" in n for n in free.report.notes)
+
+
+def test_small_checks_are_never_held_back() -> None:
+    """At test sizes every check is small: a zero budget changes nothing, so what such a
+    search finds does not depend on the clock."""
+    g = rmsnorm_linear(8, 256, 384)
+    a = yr.search(g, device_spec=H100, cache=False, verify_time_limit_s=0)
+    b = yr.search(g, device_spec=H100, cache=False, verify_time_limit_s=None)
+    assert a.report.stop_reason == b.report.stop_reason == "exhausted"
+    assert [c.hash for c in a.candidates] == [c.hash for c in b.candidates]
+
+
+def test_a_negative_verification_budget_is_refused_with_the_option_named() -> None:
+    with pytest.raises(yr.ConfigError, match="verify_time_limit_s"):
+        yr.search(rmsnorm_linear(), device_spec=H100, cache=False, verify_time_limit_s=-1)
