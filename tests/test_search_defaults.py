@@ -1,5 +1,5 @@
 """The default search: what it finds for the bench workloads, and the verification budget
-that keeps large fingerprint checks within the search's time (docs/api.md, "Search")."""
+that bounds the work of large fingerprint checks (docs/api.md, "Verification budget")."""
 
 from __future__ import annotations
 
@@ -48,31 +48,43 @@ def _search_rmsnorm_linear(**options: object) -> yr.SearchResult:
 
 
 def test_the_verification_budget_leaves_large_checks_out_and_says_so() -> None:
-    """With no time for large checks none is started: only the baseline comes back, the stop
-    reason says a time limit cut the search short and a note says how many were left out;
-    without the budget the same search verifies fused candidates and runs to the end."""
-    cut = _search_rmsnorm_linear(verify_time_limit_s=0)
+    """With no work left for large checks none is started: only the baseline comes back, the
+    stop reason says the verification's limit cut the search short and a note says how many
+    were left out; without the limit the same search verifies fused candidates to the end."""
+    cut = _search_rmsnorm_linear(verify_work_limit=0)
     assert [c.baseline for c in cut.candidates] == [True]
-    assert cut.report.stop_reason == "time_limit"
+    assert cut.report.stop_reason == "verify_limit"
     assert cut.report.fingerprint_tests == 0
-    assert any("left unverified" in n and "time limit" in n for n in cut.report.notes)
+    assert any("left unverified" in n and "verify_work_limit" in n for n in cut.report.notes)
 
-    free = _search_rmsnorm_linear(verify_time_limit_s=None)
+    free = _search_rmsnorm_linear(verify_work_limit=None)
     assert free.report.stop_reason == "exhausted"
     assert any(not c.baseline for c in free.candidates)
     assert not any("left unverified" in n for n in free.report.notes)
 
 
 def test_small_checks_are_never_held_back() -> None:
-    """At test sizes every check is small: a zero budget changes nothing, so what such a
-    search finds does not depend on the clock."""
+    """At test sizes every check is small: a zero limit changes nothing."""
     g = rmsnorm_linear(8, 256, 384)
-    a = yr.search(g, device_spec=H100, cache=False, verify_time_limit_s=0)
-    b = yr.search(g, device_spec=H100, cache=False, verify_time_limit_s=None)
+    a = yr.search(g, device_spec=H100, cache=False, verify_work_limit=0)
+    b = yr.search(g, device_spec=H100, cache=False, verify_work_limit=None)
     assert a.report.stop_reason == b.report.stop_reason == "exhausted"
     assert [c.hash for c in a.candidates] == [c.hash for c in b.candidates]
 
 
+def test_the_verification_limit_is_the_stop_reason_when_it_cut_the_search() -> None:
+    """max_verify fingerprint tests with fewer than top_k verified and candidates left: the
+    stop reason says so (it read "exhausted", or "no_candidates" when none had passed)."""
+    g = rmsnorm_linear(8, 256, 384)
+    cut = yr.search(g, device_spec=H100, cache=False, max_verify=1)
+    assert cut.report.stop_reason == "verify_limit"
+    assert cut.report.fingerprint_tests == 1
+    assert any("max_verify = 1" in n for n in cut.report.notes)
+    whole = yr.search(g, device_spec=H100, cache=False)
+    assert whole.report.stop_reason == "exhausted" and whole.report.fingerprint_tests > 1
+
+
 def test_a_negative_verification_budget_is_refused_with_the_option_named() -> None:
-    with pytest.raises(yr.ConfigError, match="verify_time_limit_s"):
-        yr.search(rmsnorm_linear(), device_spec=H100, cache=False, verify_time_limit_s=-1)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(yr.ConfigError, match="verify_work_limit"):
+            yr.search(rmsnorm_linear(), device_spec=H100, cache=False, verify_work_limit=bad)

@@ -1,13 +1,15 @@
-//! What a fingerprint check costs, so the verification keeps within the search's time limit.
+//! What a fingerprint check costs, so the verification keeps within its limits.
 //!
 //! A fingerprint evaluates the whole graph (at full size or at a reduced row count, see
-//! [`super::shrink`]), so its time grows with the problem: a 4096×4096×4096 matmul is 69 G
+//! [`super::shrink`]), so its cost grows with the problem: a 4096×4096×4096 matmul is 69 G
 //! multiply-adds per trial, minutes in the finite field. The verification loop only checks
 //! the clock between candidates, so one such check started just before the deadline ran the
-//! search far past it. Instead every check's work is estimated up front ([`eval_work`]), the
-//! time per unit of work is measured on the checks already run ([`CheckClock`]), and a check
-//! that would end after the deadline is not started: the candidate stays unverified and the
-//! report's stop reason is `time_limit`.
+//! search far past it. Every check's work is therefore counted up front ([`eval_work`]): a
+//! large check that would take the verification past `verify_work_limit` is not started (a
+//! limit in work, not seconds, so the outcome does not depend on the load), and one whose
+//! time, at the rate measured on the checks run so far ([`CheckClock`]), would end after the
+//! time limit is not started either. The candidate stays unverified and the report's stop
+//! reason says which limit cut the verification short.
 
 use crate::block_graph::{BlockGraph, BlockOpKind};
 use crate::dtype::DType;

@@ -127,6 +127,12 @@ fn past_deadline(deadline: Option<Instant>, expected: Duration) -> bool {
     })
 }
 
+/// Whether a check of `work` units would take the verification past `limit` after `spent`
+/// (small checks never do: see [`budget::SMALL_WORK`]).
+fn over_work_limit(limit: Option<u64>, spent: u64, work: u64) -> bool {
+    work >= budget::SMALL_WORK && limit.is_some_and(|l| spent.saturating_add(work) > l)
+}
+
 /// Up to `n` candidates from `queue` (indices into the space's realisations) that the
 /// verification loop may fingerprint next, realised: those `eligible` says are not held
 /// back, that realise and lower, and whose hash is not `known`.
@@ -177,10 +183,11 @@ fn tiling_key(label: &str) -> String {
     out
 }
 
-/// The default of [`SearchConfig::verify_time_limit_s`]: 40 % of the 10 s a cold
-/// `superoptimize` may take, the rest left to the enumeration, code generation,
-/// compilation, the numeric checks and profiling.
-pub const DEFAULT_VERIFY_TIME_LIMIT_S: f64 = 4.0;
+/// The default of [`SearchConfig::verify_work_limit`], in units of [`budget::eval_work`]:
+/// about 2 s of checks on a 16-core host (one field multiply-add took 1.5–2.6 ns on one
+/// core; the verification runs four checks at once, about 6× one core on 16), 40 % of the
+/// 10 s a cold `superoptimize` may take; 4–9 s on this project's 2-core machine.
+pub const DEFAULT_VERIFY_WORK_LIMIT: u64 = 6_000_000_000;
 
 /// Search options (JSON from Python: every field optional).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -216,11 +223,12 @@ pub struct SearchConfig {
     /// Fingerprint every candidate at the target's full size (default: at a reduced row
     /// count where the candidate's tiling allows, see [`shrink`]).
     pub verify_full_size: bool,
-    /// Seconds the verification may spend on large fingerprint checks once the enumeration
-    /// is done (`None`: only `time_limit_s` bounds it). A check expected to end later is not
-    /// started (see [`budget`]); checks below [`budget::SMALL_WORK`] always run, so
-    /// searches at small sizes do not depend on the clock.
-    pub verify_time_limit_s: Option<f64>,
+    /// Work the verification may spend on large fingerprint checks, in units of
+    /// [`budget::eval_work`] over the trials (`None`: no limit). A large check that would
+    /// take the total past it is not started; checks below [`budget::SMALL_WORK`] always
+    /// run. Work, not seconds, so that what a search verifies does not depend on the load
+    /// or the clock.
+    pub verify_work_limit: Option<u64>,
     pub egraph_node_limit: usize,
     /// `attention`, `mlp` or `lora`: narrows the space (see [`SearchConfig::apply_preset`]).
     pub preset: Option<String>,
@@ -246,7 +254,7 @@ impl Default for SearchConfig {
             max_concretisations: 20_000,
             max_verify: 48,
             verify_full_size: false,
-            verify_time_limit_s: Some(DEFAULT_VERIFY_TIME_LIMIT_S),
+            verify_work_limit: Some(DEFAULT_VERIFY_WORK_LIMIT),
             egraph_node_limit: 20_000,
             preset: None,
         }
@@ -297,13 +305,6 @@ impl SearchConfig {
         if let Some(t) = self.time_limit_s {
             if !(t.is_finite() && t >= 0.0) {
                 return bad("time_limit_s must be a finite number ≥ 0");
-            }
-        }
-        if let Some(t) = self.verify_time_limit_s {
-            if !(t.is_finite() && t >= 0.0) {
-                return bad(
-                    "verify_time_limit_s must be a finite number ≥ 0 (or None for no limit)",
-                );
             }
         }
         if self.top_k == 0 {
@@ -380,6 +381,9 @@ enum Stop {
     States = 2,
     Candidates = 3,
     Cancelled = 4,
+    /// The verification ran `max_verify` fingerprint tests with fewer than `top_k` verified
+    /// and candidates left (set by the verification loop only).
+    Verify = 5,
 }
 
 /// The search report.
@@ -396,8 +400,8 @@ pub struct SearchReport {
     pub enumerate_s: f64,
     pub verify_s: f64,
     pub threads: usize,
-    /// `exhausted`, `time_limit`, `state_limit`, `candidate_limit`, `cancelled` or
-    /// `no_candidates: <why>`.
+    /// `exhausted`, `time_limit`, `state_limit`, `candidate_limit`, `verify_limit`,
+    /// `cancelled` or `no_candidates: <why>`.
     pub stop_reason: String,
     pub candidates_found: u64,
     pub concretisations: u64,
@@ -1006,21 +1010,11 @@ fn conclude(
     space: &Space<'_>,
 ) -> Result<SearchResult> {
     let deadline = cfg.time_limit_s.map(|l| start + Duration::from_secs_f64(l));
-    let verify_until = cfg
-        .verify_time_limit_s
-        .map(|l| Instant::now() + Duration::from_secs_f64(l));
-    let deadlines = Deadlines {
-        hard: deadline,
-        large_checks: match (deadline, verify_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        },
-    };
     let dfs_stop = en.dfs_stop;
     let mut notes = en.notes;
     let target_hash = crate::json::hash(target);
     let (mut verified, verify_stop, rejects) =
-        verify_space(target, spec, cfg, ctl, deadlines, &target_hash, space)?;
+        verify_space(target, spec, cfg, ctl, deadline, &target_hash, space)?;
     if rejects.plan > 0 {
         notes.push(format!(
             "{} candidate(s) did not lower to a valid kernel plan on this device",
@@ -1031,6 +1025,13 @@ fn conclude(
         notes.push(format!(
             "{} candidate(s) were left unverified: their fingerprint checks, estimated from the checks already run, would have ended after the time limit",
             rejects.over_time
+        ));
+    }
+    if rejects.over_work > 0 {
+        notes.push(format!(
+            "{} candidate(s) were left unverified: their fingerprint checks would have taken the verification past verify_work_limit = {} units of work; pass a larger one (or None) to check them",
+            rejects.over_work,
+            cfg.verify_work_limit.unwrap_or(0)
         ));
     }
 
@@ -1044,6 +1045,15 @@ fn conclude(
         (Stop::Time, _) | (_, Stop::Time) => "time_limit".to_string(),
         (Stop::States, _) => "state_limit".to_string(),
         (Stop::Candidates, _) => "candidate_limit".to_string(),
+        (_, Stop::Verify) => {
+            if rejects.max_verify {
+                notes.push(format!(
+                    "the verification stopped after max_verify = {} fingerprint tests with {} of top_k = {} verified and candidates left; pass a larger max_verify to test more",
+                    cfg.max_verify, n_fused, cfg.top_k
+                ));
+            }
+            "verify_limit".to_string()
+        }
         _ if n_fused == 0 => {
             let why = if let Some(b) = &en.blocked {
                 b.clone()
@@ -1076,33 +1086,30 @@ fn conclude(
     })
 }
 
-/// When the verification stops: `hard` ends the loop (the search's time limit); a large
-/// check expected to end after `large_checks` is not started.
-#[derive(Debug, Clone, Copy)]
-struct Deadlines {
-    hard: Option<Instant>,
-    large_checks: Option<Instant>,
-}
-
 /// Candidates the verification loop left out without a verdict.
 #[derive(Debug, Default, Clone, Copy)]
 struct Unchecked {
     /// Did not lower to a kernel plan on the device.
     plan: usize,
-    /// Their check would have ended after the deadline (see [`budget`]).
+    /// Their check would have ended after the time limit (see [`budget`]).
     over_time: usize,
+    /// Their check would have taken the verification past `verify_work_limit`.
+    over_work: usize,
+    /// The loop stopped at `max_verify` tests with candidates left.
+    max_verify: bool,
 }
 
 /// The verification loop: fingerprint the candidates of `space` in estimate order until
 /// `top_k` pass; returns the verified ones, why it stopped early, and the candidates left
-/// without a verdict. A large check expected to end after its deadline is not started: the
-/// candidate stays unverified and the stop reason is the time limit.
+/// without a verdict. A large check expected to end after `deadline` or to take the
+/// verification past `verify_work_limit` is not started: the candidate stays unverified and
+/// the stop reason is `time_limit` or `verify_limit`.
 fn verify_space(
     target: &KernelGraph,
     spec: &DeviceSpec,
     cfg: &SearchConfig,
     ctl: &SearchControl,
-    deadlines: Deadlines,
+    deadline: Option<Instant>,
     target_hash: &str,
     space: &Space<'_>,
 ) -> Result<(Vec<Candidate>, Stop, Unchecked)> {
@@ -1118,6 +1125,7 @@ fn verify_space(
     seen.insert(target_hash.to_string());
     let mut tests = 0usize;
     let mut unchecked = Unchecked::default();
+    let mut work_spent: u64 = 0;
     // First pass: at most PER_STRUCTURE tilings of one kernel structure, so the top-k the
     // device profiles are diverse; the second pass fills up with the skipped ones.
     let mut per_skel = vec![0usize; space.kernels.len()];
@@ -1156,7 +1164,14 @@ fn verify_space(
         }
         let r = &reals[queue[qi]];
         qi += 1;
-        if verified.len() >= cfg.top_k || tests >= cfg.max_verify {
+        if verified.len() >= cfg.top_k {
+            break;
+        }
+        if tests >= cfg.max_verify {
+            unchecked.max_verify = true;
+            if verify_stop == Stop::None {
+                verify_stop = Stop::Verify;
+            }
             break;
         }
         let kernels = space.kernels[r.skel];
@@ -1181,7 +1196,7 @@ fn verify_space(
             verify_stop = Stop::Cancelled;
             break;
         }
-        if deadlines.hard.is_some_and(|d| Instant::now() >= d) {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
             verify_stop = Stop::Time;
             break;
         }
@@ -1220,16 +1235,20 @@ fn verify_space(
                 !cfg.verify_full_size,
             )?),
         };
-        let too_long = |g: &KernelGraph| {
-            check
-                .estimate(g)
-                .is_some_and(|e| past_deadline(deadlines.large_checks, e))
-        };
-        if too_long(&g) {
+        let work = check.check_work(&g);
+        if past_deadline(deadline, check.estimate(work)) {
             unchecked.over_time += 1;
             verify_stop = Stop::Time;
             continue;
         }
+        if over_work_limit(cfg.verify_work_limit, work_spent, work) {
+            unchecked.over_work += 1;
+            if verify_stop == Stop::None {
+                verify_stop = Stop::Verify;
+            }
+            continue;
+        }
+        work_spent = work_spent.saturating_add(work);
         tests += 1;
         p.fingerprint_tests.fetch_add(1, Ordering::Relaxed);
         let ok = match verdicts.remove(&h) {
@@ -1247,7 +1266,14 @@ fn verify_space(
                     |i| !held_back(i),
                     |h| seen.contains(h) || verdicts.contains_key(h),
                 );
-                ahead.retain(|(_, a)| !too_long(a));
+                // checked ahead only where the loop could still afford them after this one;
+                // the loop charges each check when it uses the verdict, so the outcome is
+                // the serial loop's whatever the width
+                ahead.retain(|(_, a)| {
+                    let w = check.check_work(a);
+                    !past_deadline(deadline, check.estimate(w))
+                        && !over_work_limit(cfg.verify_work_limit, work_spent, w)
+                });
                 let (ok, oks) = rayon::join(
                     || check.matches_timed(&g),
                     || {

@@ -83,6 +83,7 @@ fn stop_name(s: Stop) -> &'static str {
         Stop::States => "state_limit",
         Stop::Candidates => "candidate_limit",
         Stop::Cancelled => "cancelled",
+        Stop::Verify => "verify_limit",
     }
 }
 
@@ -93,6 +94,7 @@ fn stop_of(name: &str) -> Result<Stop> {
         "state_limit" => Stop::States,
         "candidate_limit" => Stop::Candidates,
         "cancelled" => Stop::Cancelled,
+        "verify_limit" => Stop::Verify,
         other => {
             return Err(CoreError::Serialization(format!(
                 "search shard: unknown stop {other:?}"
@@ -211,7 +213,8 @@ fn merged_stop(shards: &[ShardOutput]) -> Result<Stop> {
         Stop::Time => 3,
         Stop::States => 2,
         Stop::Candidates => 1,
-        Stop::None => 0,
+        // a shard only enumerates; the verification runs on the driver
+        Stop::None | Stop::Verify => 0,
     };
     Ok(stops.into_iter().max_by_key(rank).unwrap_or(Stop::None))
 }

@@ -497,38 +497,27 @@ impl Verifier {
         Ok(v)
     }
 
-    /// Work units of checking `g` ([`eval_work`] of what is evaluated, over the trials):
-    /// its reduced twin or itself, and the target at that size when it has not been
-    /// evaluated yet (a target of the twin's size costs about what the twin costs).
+    /// Work units of checking `g`: [`eval_work`] of what is evaluated (its reduced twin, or
+    /// itself at full size) over the trials. The target's own evaluation at that size, once
+    /// per size, is not counted, so a candidate's count does not depend on which candidates
+    /// were checked before it.
     pub fn check_work(&self, g: &KernelGraph) -> u64 {
-        let shrunk = self.free.as_ref().and_then(|free| {
+        let small = self.free.as_ref().and_then(|free| {
             let p = plan(g, free)?;
-            let small = reduce(g, &p, &p.map)?;
-            Some((p.map, small))
+            reduce(g, &p, &p.map)
         });
-        let (work, target_built) = match shrunk {
-            Some((map, small)) => {
-                let built = self.reduced.lock().is_ok_and(|r| r.contains_key(&map));
-                (eval_work(&small), built)
-            }
-            None => {
-                let built = self.full.lock().is_ok_and(|f| f.is_some());
-                (eval_work(g), built)
-            }
-        };
-        let evaluations = if target_built { 1 } else { 2 };
-        work.saturating_mul(evaluations * self.trials as u64)
+        let work = small.as_ref().map_or_else(|| eval_work(g), eval_work);
+        work.saturating_mul(self.trials as u64)
     }
 
-    /// The expected time of checking `g` at the time per unit of work measured so far; None
-    /// for a small check (below [`SMALL_WORK`]), which is never held back.
-    pub fn estimate(&self, g: &KernelGraph) -> Option<Duration> {
-        let work = self.check_work(g);
+    /// The expected time of a check of `work` units ([`Verifier::check_work`]) at the time
+    /// per unit measured so far; zero for a small check (below [`SMALL_WORK`]).
+    pub fn estimate(&self, work: u64) -> Duration {
         if work < SMALL_WORK {
-            return None;
+            return Duration::ZERO;
         }
         self.clock.calibrate_once(self.trials, self.seed);
-        Some(self.clock.estimate(work))
+        self.clock.estimate(work)
     }
 
     /// Whether `g` is equivalent to the target, timing the check for [`Verifier::estimate`].

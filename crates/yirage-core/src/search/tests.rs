@@ -16,7 +16,7 @@ use crate::DType;
 fn cfg() -> SearchConfig {
     SearchConfig {
         time_limit_s: Some(300.0),
-        verify_time_limit_s: None,
+        verify_work_limit: None,
         ..Default::default()
     }
 }

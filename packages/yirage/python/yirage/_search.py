@@ -139,9 +139,11 @@ class KernelPlan:
 class SearchReport:
     """What the search did. ``str(report)`` is a readable summary.
 
-    ``stop_reason`` is ``exhausted``, ``time_limit`` (the time limit or the verification
-    budget left candidates unenumerated or unverified; a note counts the latter),
-    ``state_limit``, ``candidate_limit``, ``cancelled`` or ``no_candidates: <why>``."""
+    ``stop_reason`` is ``exhausted``, ``time_limit`` (the time limit left candidates
+    unenumerated or unverified; a note counts the latter), ``state_limit``,
+    ``candidate_limit``, ``verify_limit`` (``verify_work_limit`` left candidates unverified,
+    or ``max_verify`` tests ran with fewer than ``top_k`` verified; a note says which),
+    ``cancelled`` or ``no_candidates: <why>``."""
 
     states_explored: int = 0
     states_pruned: int = 0
@@ -503,10 +505,10 @@ def search(
     see :mod:`yirage.devices`), whose notes then say the ranking is the cost model's alone.
     ``config``: a preset (``"attention"``, ``"mlp"``, ``"lora"``) or a
     mapping of search options; further options (``max_kernel_ops``, ``max_block_ops``,
-    ``max_candidates``, ``prune``, ``trials``, ``verify_time_limit_s`` …) may be given as
-    keywords. ``verify_time_limit_s`` (default 4 s, ``None``: no budget) bounds the time
-    large fingerprint checks may take after the enumeration: a check expected to end later
-    is not started and ``stop_reason`` is ``time_limit`` (docs/api.md, "Verification
+    ``max_candidates``, ``prune``, ``trials``, ``verify_work_limit`` …) may be given as
+    keywords. ``verify_work_limit`` (default 6·10⁹ units, about 2 s on a 16-core host;
+    ``None``: no limit) bounds the work of large fingerprint checks: a check that would pass
+    it is not started and ``stop_reason`` is ``verify_limit`` (docs/api.md, "Verification
     budget"). ``threads``
     defaults to ``YIRAGE_THREADS`` (else all cores). ``progress``: True for a progress line
     on stderr, or a callable receiving a dict of counters every 50 ms. ``cache=False``
@@ -528,12 +530,13 @@ def search(
         raise ConfigError("progress is not reported with executor='ray'; pass progress=False")
     if time_limit is not None and not time_limit >= 0:
         raise ConfigError(f"time_limit must be ≥ 0 seconds or None, got {time_limit!r}")
-    verify_limit = options.get("verify_time_limit_s")
-    if verify_limit is not None and not (
-        isinstance(verify_limit, (int, float)) and 0 <= verify_limit < float("inf")
+    work_limit = options.get("verify_work_limit")
+    if work_limit is not None and (
+        isinstance(work_limit, bool) or not isinstance(work_limit, int) or work_limit < 0
     ):
         raise ConfigError(
-            f"verify_time_limit_s must be ≥ 0 seconds or None (no limit), got {verify_limit!r}"
+            f"verify_work_limit must be an int ≥ 0 (units of check work) or None (no limit), "
+            f"got {work_limit!r}"
         )
     if device_spec is not None:
         name = str(backend).lower() if isinstance(backend, str) else getattr(backend, "name", None)
