@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -74,15 +75,23 @@ def _run_share(
     shapes = Shapes(graph)
     out = ShareResult(device=be.device_spec().name)
     t0 = time.perf_counter()
+
+    def build(plan: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        source = be.codegen(plan)
+        return source, variants_of(be, be.load(be.compile(source)))
+
     contenders = []
-    for index, plan in plans:
-        try:
-            source = be.codegen(plan)
-            launcher = be.load(be.compile(source))
-            for name, v in variants_of(be, launcher).items():
+    # side by side, as the driver builds (toolchains such as nvrtc and nvcc release the GIL)
+    with ThreadPoolExecutor(max(1, min(len(plans), 8)), thread_name_prefix="yirage-build") as ex:
+        futures = [(index, plan, ex.submit(build, plan)) for index, plan in plans]
+        for index, plan, fut in futures:
+            try:
+                source, variants = fut.result()
+            except Exception as exc:
+                out.build_errors[index] = f"{type(exc).__name__}: {exc}"
+                continue
+            for name, v in variants.items():
                 contenders.append(Contender(math.inf, index, plan, source, v, name))
-        except Exception as exc:
-            out.build_errors[index] = f"{type(exc).__name__}: {exc}"
     tensors = check_tensors(be, graph, shapes, seed)
     inputs = tensors if shapes.world_size == 1 else tensors[0]
     if contenders and shapes.world_size == 1:
