@@ -134,6 +134,10 @@ def capture(
 MAX_GRAPHS = 4
 
 
+#: Input sets seen once that are remembered (a call on one of them again is captured).
+MAX_SEEN = 64
+
+
 def _call_key(tensors: Sequence[Any]) -> tuple[Any, ...] | None:
     """What a captured graph depends on: every input's address, shape, strides, dtype and
     device, and the current stream; None where an input is not a device tensor."""
@@ -269,7 +273,7 @@ class RepeatGraphs:
         self._backend = backend
         self._world_size = world_size
         self._graphs: dict[tuple[Any, ...], _Segments] = {}
-        self._seen: set[tuple[Any, ...]] = set()
+        self._seen: dict[tuple[Any, ...], None] = {}  # seen once, oldest first
         self._lock = threading.Lock()
         self.enabled = True
         self.failure: str | None = None
@@ -284,7 +288,9 @@ class RepeatGraphs:
                 self._graphs[key] = graph  # most recently used last
                 return [o.clone() for o in graph()]
             if key not in self._seen:
-                self._seen.add(key)
+                self._seen[key] = None
+                if len(self._seen) > MAX_SEEN:  # inputs at new addresses every call
+                    del self._seen[next(iter(self._seen))]
                 return list(self._call(*tensors))
             outputs = list(self._call(*tensors))  # this call's result, then the capture
             self._capture(key, tensors)
