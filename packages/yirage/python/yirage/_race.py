@@ -44,6 +44,7 @@ __all__ = [
     "contender_key",
     "pick_cold_tie",
     "race",
+    "variants_of",
 ]
 
 #: Interleaved profiling rounds per contender (``profile_options={"rounds": n}``).
@@ -283,3 +284,14 @@ def break_cold_ties(
             f"in cache ({warm[pick]:.1f} µs against {warm[first]:.1f} µs)"
         )
     return sorted(ranked, key=lambda c: c.key != pick)
+
+
+def variants_of(be: Backend, launcher: Any) -> dict[str, Any]:
+    """``be.variants(launcher)``, checked: a non-empty mapping of names to launchers."""
+    variants = be.variants(launcher)
+    if not isinstance(variants, Mapping) or not variants:
+        raise TypeError(
+            f"{type(be).__name__}.variants() returned {variants!r}: it must return a non-empty "
+            "mapping of variant name to launcher (the default is {'default': launcher})"
+        )
+    return {str(k): v for k, v in variants.items()}

@@ -37,7 +37,7 @@ from typing import IO, Any
 
 from yirage import _collectives, _env, _race
 from yirage._backend import Backend
-from yirage._race import Key
+from yirage._race import Contender, Key, variants_of
 
 __all__ = ["ShareResult", "WorkerError", "WorkerPool", "finalists", "pool_for"]
 
@@ -67,9 +67,7 @@ def _run_share(
     """Build and race ``plans`` (candidate index, KernelPlan) on this worker's device."""
     from yirage._check import check_tensors
     from yirage._graph import KernelGraph
-    from yirage._race import Contender
     from yirage._shapes import Shapes
-    from yirage._superoptimize import variants_of
 
     graph = KernelGraph.from_json(graph_json)
     shapes = Shapes(graph)

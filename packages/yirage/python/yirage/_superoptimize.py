@@ -68,7 +68,15 @@ from yirage._errors import BackendUnavailableError, ConfigError, GraphError, Yir
 from yirage._graph import KernelGraph, _register_superoptimizer
 from yirage._kernel import OptimizedKernel
 from yirage._logging import get_logger
-from yirage._race import Contender, Key, RaceResult, _noisy, contender_key, label
+from yirage._race import (
+    Contender,
+    Key,
+    RaceResult,
+    _noisy,
+    contender_key,
+    label,
+    variants_of,
+)
 from yirage._registry import resolve_backend
 from yirage._report import CandidateReport, SuperoptimizeReport
 from yirage._shapes import Shapes
@@ -532,17 +540,6 @@ def _build(run: _Run, index: int, cand: Any) -> list[Contender]:
     cr.codegen_compile_s = time.perf_counter() - tc
     cr.cache_hit = getattr(artifact, "cache_hit", None)
     return [Contender(math.inf, index, plan, source, v, name) for name, v in variants.items()]
-
-
-def variants_of(be: Backend, launcher: Any) -> dict[str, Any]:
-    """``be.variants(launcher)``, checked: a non-empty mapping of names to launchers."""
-    variants = be.variants(launcher)
-    if not isinstance(variants, Mapping) or not variants:
-        raise TypeError(
-            f"{type(be).__name__}.variants() returned {variants!r}: it must return a non-empty "
-            "mapping of variant name to launcher (the default is {'default': launcher})"
-        )
-    return {str(k): v for k, v in variants.items()}
 
 
 # -- check -------------------------------------------------------------------------------------
