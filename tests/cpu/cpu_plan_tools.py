@@ -12,8 +12,11 @@ the safe-softmax shift inside a kernel, so it checks the printer's running-max r
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 #: Hand-written plan fixtures.
 PLANS = Path(__file__).parent / "plans"
@@ -288,3 +291,38 @@ class PlanBuilder:
             "buffers": self.buffers,
             "kernels": [k.finish() if isinstance(k, KernelBuilder) else k for k in self.kernels],
         }
+
+
+def x86_compiler() -> Any:
+    """The host C compiler when it targets x86-64 (the test is skipped otherwise)."""
+    from yirage_cpu import _toolchain
+
+    try:
+        cc = _toolchain.find_compiler()
+        machine = subprocess.run(
+            [*cc.command, "-dumpmachine"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"no C compiler: {exc}")
+    if not machine.startswith(("x86_64", "amd64")):
+        pytest.skip(f"the compiler targets {machine.strip()}, not x86-64")
+    return cc
+
+
+def x86_assembly(tmp_path: Path, code: str, flags: tuple[str, ...]) -> str:
+    """``code`` (printed C) compiled to x86-64 assembly with the printer's flags plus
+    ``flags`` (an ISA level); skipped where the compiler cannot target that level."""
+    cc = x86_compiler()
+    src = tmp_path / "k.c"
+    src.write_text(code)
+    out = tmp_path / "k.s"
+    base = ("-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-S")
+    proc = subprocess.run(
+        [*cc.command, *base, *flags, str(src), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"{cc.describe()} cannot target {flags}: {proc.stderr[:200]}")
+    return out.read_text()

@@ -11,14 +11,13 @@ instructions of that level.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from _plan_ref import rel_err
-from cpu_plan_tools import PlanBuilder
+from cpu_plan_tools import PlanBuilder, x86_assembly, x86_compiler
 
 from yirage_cpu import _codegen, _toolchain
 
@@ -145,38 +144,14 @@ def test_generated_kernel_tiles_convert_by_rows(build: Any, flags: tuple[str, ..
 # -- the ISA path of the printed code, for pinned x86-64 levels (compiled, never run) ------
 
 
-def _x86_compiler() -> _toolchain.Compiler:
-    try:
-        cc = _toolchain.find_compiler()
-        machine = subprocess.run(
-            [*cc.command, "-dumpmachine"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"no C compiler: {exc}")
-    if not machine.startswith(("x86_64", "amd64")):
-        pytest.skip(f"the compiler targets {machine.strip()}, not x86-64")
-    return cc
-
-
 def _assembly(tmp_path: Path, simd_bits: int, flags: tuple[str, ...]) -> str:
-    cc = _x86_compiler()
     p = PlanBuilder()
     h, b = p.input([4096], "float16"), p.input([4096], "bfloat16")
     p.library("unary", [h], [p.output([4096], "float16")], {"op": "exp", "params": []})
     p.library("unary", [b], [p.output([4096], "bfloat16")], {"op": "exp", "params": []})
-    src = tmp_path / "k.c"
-    src.write_text(_codegen.generate(p.build(), simd_width_bits=simd_bits).code)
-    out = tmp_path / "k.s"
-    base = ("-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-S")
-    proc = subprocess.run(
-        [*cc.command, *base, *flags, str(src), "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return x86_assembly(
+        tmp_path, _codegen.generate(p.build(), simd_width_bits=simd_bits).code, flags
     )
-    if proc.returncode != 0:
-        pytest.skip(f"{cc.describe()} cannot target {flags}: {proc.stderr[:200]}")
-    return out.read_text()
 
 
 @pytest.mark.parametrize(
@@ -221,7 +196,7 @@ def test_isa_features_and_the_float16_path_from_pinned_macros() -> None:
 
 
 def test_predefined_macros_follow_pinned_flags() -> None:
-    cc = _x86_compiler()
+    cc = x86_compiler()
     v4 = _toolchain.isa_report(cc, ("-O3", "-march=x86-64-v4"))
     assert {"f16c", "avx512f"} <= set(v4["isa"].split()) and v4["float16_path"] == "avx512f"
     base = _toolchain.isa_report(cc, ("-O3", "-march=x86-64"))

@@ -13,14 +13,13 @@ for pinned x86-64 levels takes that level's widening instructions.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from _plan_ref import rel_err
-from cpu_plan_tools import PlanBuilder, off
+from cpu_plan_tools import PlanBuilder, off, x86_assembly
 
 from yirage_cpu import _codegen, _toolchain
 
@@ -207,24 +206,8 @@ def test_batched_library_matmul_with_16_bit_operands(build: Any, dtype: str) -> 
 
 
 def _assembly(tmp_path: Path, dtype: str, simd_bits: int, flags: tuple[str, ...]) -> str:
-    if not _host_is_x86():
-        pytest.skip("pinned x86-64 levels are checked on an x86-64 host")
-    cc = _toolchain.find_compiler()
-    src = tmp_path / "k.c"
-    src.write_text(
-        _codegen.generate(_rmsnorm_linear(dtype, "float32"), simd_width_bits=simd_bits).code
-    )
-    out = tmp_path / "k.s"
-    base = ("-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-S")
-    proc = subprocess.run(
-        [*cc.command, *base, *flags, str(src), "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"{cc.describe()} cannot target {flags}: {proc.stderr[:200]}")
-    return out.read_text()
+    code = _codegen.generate(_rmsnorm_linear(dtype, "float32"), simd_width_bits=simd_bits).code
+    return x86_assembly(tmp_path, code, flags)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _search_graphs import H100
 
 from yirage.plugin import DeviceSpec, ProbeResult
 
@@ -172,28 +173,6 @@ def test_pipeline_depth_follows_the_padded_stage_buffers() -> None:
     assert _stages(case, 100 * 1024) == 1
 
 
-def _pinned_h100() -> Any:
-    """The core's pinned H100 figures (``DeviceSpec::h100``), so that what the search finds
-    does not depend on the host."""
-    import yirage as yr
-
-    return yr.DeviceSpec(
-        name="pinned H100 (the core's DeviceSpec::h100 figures)",
-        vendor="cuda",
-        arch="sm_90",
-        compute_units=132,
-        warp_size=32,
-        max_threads_per_block=1024,
-        shared_mem_per_block=227 * 1024,
-        l2_bytes=50 * 2**20,
-        mem_bandwidth_gbps=3000.0,
-        peak_tflops_fp16=700.0,
-        peak_tflops_fp32=60.0,
-        matrix_tile=(16, 8, 16),
-        execution_model="simt",
-    )
-
-
 @pytest.mark.parametrize("workload", ["rmsnorm_linear", "gated_mlp"])
 def test_the_search_ranks_a_fused_row_tiled_kernel_first_at_prefill_rows(workload: str) -> None:
     """At 256 rows x 4096 x 4096 (fp16) the re-reads of the weights by the row tiles of one
@@ -207,9 +186,7 @@ def test_the_search_ranks_a_fused_row_tiled_kernel_first_at_prefill_rows(workloa
 
     graph = WORKLOADS[workload].graph("prefill_256")
     config = "mlp" if workload == "gated_mlp" else None
-    r = yr.search(
-        graph, device_spec=_pinned_h100(), config=config, time_limit=120, top_k=4, cache=False
-    )
+    r = yr.search(graph, device_spec=H100, config=config, time_limit=120, top_k=4, cache=False)
     best = r.candidates[0]
     assert not best.baseline, [c.label for c in r.candidates]
     (kernel,) = parse_plan(best.kernel_plan()).kernels
