@@ -40,8 +40,9 @@ def _rms_linear(world_size: int = 1) -> yr.KernelGraph:
     return g
 
 
-@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
-def test_replay_matches_the_direct_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_matches_the_direct_call(
+    gpu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     monkeypatch.setenv("YIRAGE_CACHE_DIR", str(tmp_path))
@@ -60,9 +61,8 @@ def test_replay_matches_the_direct_call(tmp_path: Path, monkeypatch: pytest.Monk
         captured(x2[:4], w)
 
 
-@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
 def test_repeated_calls_replay_a_graph_with_fresh_outputs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gpu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import torch
 
@@ -127,8 +127,8 @@ def _tp_rank(rank: int, world: int, store: str, cache: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA GPUs")
-def test_tensor_parallel_kernel_on_nccl(tmp_path: Path) -> None:
+@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA GPUs (a one-GPU host cannot run it)")
+def test_tensor_parallel_kernel_on_nccl(gpu: Any, tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
     world = 2
