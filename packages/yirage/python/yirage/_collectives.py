@@ -22,6 +22,7 @@ the sum as the same kind of object and may reuse the argument's memory.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import threading
@@ -43,6 +44,7 @@ __all__ = [
     "bound",
     "current",
     "run_ranks",
+    "stand_in",
 ]
 
 T = TypeVar("T")
@@ -236,6 +238,12 @@ class StandIn:
 
     def all_reduce(self, x: Any) -> Any:
         return x * self.world_size
+
+
+def stand_in(world_size: int) -> contextlib.AbstractContextManager[Any]:
+    """For timing one rank: its all_reduce replaced by a :class:`StandIn` (nothing to do
+    for a single device)."""
+    return bound(StandIn(world_size)) if world_size > 1 else contextlib.nullcontext()
 
 
 def run_ranks(fn: Callable[[int], T], world_size: int) -> list[T]:

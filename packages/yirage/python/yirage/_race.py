@@ -41,6 +41,7 @@ __all__ = [
     "Contender",
     "RaceResult",
     "break_cold_ties",
+    "build_contenders",
     "contender_key",
     "pick_cold_tie",
     "race",
@@ -295,3 +296,13 @@ def variants_of(be: Backend, launcher: Any) -> dict[str, Any]:
             "mapping of variant name to launcher (the default is {'default': launcher})"
         )
     return {str(k): v for k, v in variants.items()}
+
+
+def build_contenders(be: Backend, index: int, plan: dict[str, Any]) -> tuple[list[Contender], Any]:
+    """Print, compile and load candidate ``index``'s ``plan``: its contenders, one per
+    variant, and the compiled artifact."""
+    source = be.codegen(plan)
+    artifact = be.compile(source)
+    variants = variants_of(be, be.load(artifact))
+    contenders = [Contender(math.inf, index, plan, source, v, n) for n, v in variants.items()]
+    return contenders, artifact

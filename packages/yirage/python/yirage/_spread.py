@@ -37,7 +37,7 @@ from typing import IO, Any
 
 from yirage import _collectives, _env, _race
 from yirage._backend import Backend
-from yirage._race import Contender, Key, variants_of
+from yirage._race import Contender, Key, build_contenders
 
 __all__ = ["ShareResult", "WorkerError", "WorkerPool", "finalists", "pool_for"]
 
@@ -74,22 +74,15 @@ def _run_share(
     out = ShareResult(device=be.device_spec().name)
     t0 = time.perf_counter()
 
-    def build(plan: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        source = be.codegen(plan)
-        return source, variants_of(be, be.load(be.compile(source)))
-
-    contenders = []
+    contenders: list[Contender] = []
     # side by side, as the driver builds (toolchains such as nvrtc and nvcc release the GIL)
     with ThreadPoolExecutor(max(1, min(len(plans), 8)), thread_name_prefix="yirage-build") as ex:
-        futures = [(index, plan, ex.submit(build, plan)) for index, plan in plans]
-        for index, plan, fut in futures:
+        futures = [(index, ex.submit(build_contenders, be, index, plan)) for index, plan in plans]
+        for index, fut in futures:
             try:
-                source, variants = fut.result()
+                contenders += fut.result()[0]
             except Exception as exc:
                 out.build_errors[index] = f"{type(exc).__name__}: {exc}"
-                continue
-            for name, v in variants.items():
-                contenders.append(Contender(math.inf, index, plan, source, v, name))
     tensors = check_tensors(be, graph, shapes, seed)
     inputs = tensors if shapes.world_size == 1 else tensors[0]
     if contenders and shapes.world_size == 1:
@@ -97,12 +90,14 @@ def _run_share(
             be.precompile([c.launcher for c in contenders], inputs)
     out.build_s = time.perf_counter() - t0
 
-    def stand_in() -> contextlib.AbstractContextManager[Any]:
-        ws = shapes.world_size
-        return _collectives.bound(_collectives.StandIn(ws)) if ws > 1 else contextlib.nullcontext()
-
     t0 = time.perf_counter()
-    result = _race.race(be, contenders, inputs, profile_options, stand_in=stand_in)
+    result = _race.race(
+        be,
+        contenders,
+        inputs,
+        profile_options,
+        stand_in=lambda: _collectives.stand_in(shapes.world_size),
+    )
     out.profile_s = time.perf_counter() - t0
     out.best_us = dict(result.best_us)
     out.failed = dict(result.failed)

@@ -73,6 +73,7 @@ from yirage._race import (
     Key,
     RaceResult,
     _noisy,
+    build_contenders,
     contender_key,
     label,
     variants_of,
@@ -128,8 +129,7 @@ class _Run:
 
     def stand_in(self) -> contextlib.AbstractContextManager[Any]:
         """A multi-device kernel's collective replaced by a local stand-in (for timing)."""
-        ws = self.world_size
-        return _collectives.bound(_collectives.StandIn(ws)) if ws > 1 else contextlib.nullcontext()
+        return _collectives.stand_in(self.world_size)
 
     def fail(self, message: str) -> SuperoptimizeError:
         self.report.total_s = time.perf_counter() - self.t_start
@@ -533,13 +533,10 @@ def _build(run: _Run, index: int, cand: Any) -> list[Contender]:
     cr.description = f"{cr.description} [{kernels}]" if cr.description else kernels
     cr.hash = cr.hash or plan.get("graph_hash")
     tc = time.perf_counter()
-    source = run.be.codegen(plan)
-    artifact = run.be.compile(source)
-    launcher = run.be.load(artifact)
-    variants = variants_of(run.be, launcher)
+    contenders, artifact = build_contenders(run.be, index, plan)
     cr.codegen_compile_s = time.perf_counter() - tc
     cr.cache_hit = getattr(artifact, "cache_hit", None)
-    return [Contender(math.inf, index, plan, source, v, name) for name, v in variants.items()]
+    return contenders
 
 
 # -- check -------------------------------------------------------------------------------------
