@@ -120,7 +120,7 @@ def test_a_multi_device_call_is_captured_in_parts_split_at_its_collectives(
         return [out]
 
     tensor = SimpleNamespace(device="fake:0")
-    segments = _capture.capture_segments(call, [tensor], "fakedev", 2)
+    segments = _capture.capture_segments(call, [tensor], "fakedev", "test", 2)
     assert len(segments.graphs) == 2 and len(segments.reductions) == 1
     assert sums == []  # nothing was summed while capturing
     with _collectives.bound(Doubling()):

@@ -34,8 +34,9 @@ _log = get_logger("yirage.kernel")
 WARMUP_CALLS = 3
 
 
-def _graph_api(device_type: str | None, backend: str) -> Any:
-    """torch's namespace with graph capture for ``device_type`` (``torch.cuda`` …)."""
+def _graph_api(device_type: str | None, backend: str) -> tuple[Any, Any]:
+    """torch's namespace with graph capture for ``device_type`` (``torch.cuda`` …) and its
+    graph type."""
     if device_type is None:
         raise BackendError(
             f"the {backend} backend runs on host arrays, which have no device graphs: "
@@ -45,12 +46,12 @@ def _graph_api(device_type: str | None, backend: str) -> Any:
 
     api = getattr(torch, device_type, None)
     graph_type = getattr(api, "CUDAGraph", None) or getattr(api, "NPUGraph", None)
-    if api is None or graph_type is None or not hasattr(api, "graph"):
+    if api is None or graph_type is None:
         raise BackendError(
             f"torch.{device_type} has no graph capture, so the {backend} backend's kernels "
             "cannot be captured: call the kernel directly"
         )
-    return api
+    return api, graph_type
 
 
 class CapturedKernel:
@@ -103,7 +104,7 @@ def capture(
     call: Callable[..., list[Any]], inputs: Sequence[Any], device_type: str | None, backend: str
 ) -> CapturedKernel:
     """Capture ``call(*inputs)`` (a kernel call on ``backend``'s ``device_type`` tensors)."""
-    api = _graph_api(device_type, backend)
+    api, graph_type = _graph_api(device_type, backend)
     ins = list(inputs)
     devices = {str(t.device) for t in ins if hasattr(t, "device")}
     if len(devices) != 1 or len(ins) != sum(hasattr(t, "device") for t in ins):
@@ -119,8 +120,7 @@ def capture(
             call(*ins)
     api.current_stream(dev).wait_stream(side)
     api.synchronize(dev)
-    graph = getattr(api, "CUDAGraph", None) or api.NPUGraph
-    g = graph()
+    g = graph_type()
     with api.graph(g):
         outputs = list(call(*ins))
     api.synchronize(dev)
@@ -228,16 +228,15 @@ class _SegmentCapture:
 
 
 def capture_segments(
-    call: Callable[..., list[Any]], tensors: Sequence[Any], device_type: str, world_size: int
+    call: Callable[..., list[Any]],
+    tensors: Sequence[Any],
+    device_type: str,
+    backend: str,
+    world_size: int,
 ) -> _Segments:
     """``call(*tensors)`` captured as :class:`_Segments` (one graph when ``world_size`` is
     1). Collectives must have run eagerly before (their communicators exist)."""
-    import torch
-
-    api = getattr(torch, device_type)
-    graph_type: Any = getattr(api, "CUDAGraph", None) or getattr(api, "NPUGraph", None)
-    if graph_type is None or not hasattr(api, "graph_pool_handle"):
-        raise BackendError(f"torch.{device_type} has no graph capture")
+    api, graph_type = _graph_api(device_type, backend)
     dev = tensors[0].device
     cap = _SegmentCapture(api, graph_type)
     side = api.Stream(dev)
@@ -309,7 +308,9 @@ class RepeatGraphs:
 
     def _capture(self, key: tuple[Any, ...], tensors: Sequence[Any]) -> None:
         try:
-            segments = capture_segments(self._call, tensors, self._device_type, self._world_size)
+            segments = capture_segments(
+                self._call, tensors, self._device_type, self._backend, self._world_size
+            )
         except Exception as exc:
             self.enabled = False
             self.failure = f"{type(exc).__name__}: {exc}"
