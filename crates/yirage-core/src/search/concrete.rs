@@ -811,8 +811,10 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
     let Some(an) = analyse(prog, ins) else {
         return vec![];
     };
-    let max_blocks = (run.spec.compute_units as usize * 4).max(1);
     let gpu = run.spec.is_streaming_gpu();
+    // a GPU runs its blocks in waves: prefill-sized grids (attention over 4096 query rows
+    // in 128-row tiles for 32 heads is 1024 blocks) need several waves' worth
+    let max_blocks = (run.spec.compute_units as usize * if gpu { 16 } else { 4 }).max(1);
     let low = ins.first().is_some_and(|k| k.dtype != DType::F32);
     let in_bytes: Vec<usize> = ins.iter().map(|k| k.elem_bytes).collect();
     let out_bytes = vec![INTERMEDIATE_BYTES; prog.outputs.len()];

@@ -29,6 +29,7 @@
 pub mod block;
 pub mod budget;
 pub mod concrete;
+mod dims;
 pub mod expr;
 pub mod kernel;
 pub mod lift;
@@ -1021,6 +1022,12 @@ fn conclude(
             rejects.plan
         ));
     }
+    if rejects.mixed > 0 {
+        notes.push(format!(
+            "{} candidate(s) were rejected without a fingerprint test: they pair dims the graph keeps apart (equal extents let them type-check)",
+            rejects.mixed
+        ));
+    }
     if rejects.over_time > 0 {
         notes.push(format!(
             "{} candidate(s) were left unverified: their fingerprint checks, estimated from the checks already run, would have ended after the time limit",
@@ -1091,6 +1098,8 @@ fn conclude(
 struct Unchecked {
     /// Did not lower to a kernel plan on the device.
     plan: usize,
+    /// Paired dims the target keeps apart (see [`dims`]): rejected without a fingerprint.
+    mixed: usize,
     /// Their check would have ended after the time limit (see [`budget`]).
     over_time: usize,
     /// Their check would have taken the verification past `verify_work_limit`.
@@ -1119,6 +1128,7 @@ fn verify_space(
     let mut verified: Vec<Candidate> = vec![];
     let mut seen = std::collections::HashSet::new();
     let mut target_fp: Option<shrink::Verifier> = None;
+    let classes = dims::TargetClasses::of(target);
     let mut verdicts: std::collections::HashMap<String, bool> = Default::default();
     let width = verify_width(target);
     let mut verify_stop = Stop::None;
@@ -1209,18 +1219,22 @@ fn verify_space(
             continue;
         }
         // the same kernels and cost with an op spelled differently (reduction + accum_iter
-        // for accum_sum) lower to the same memory traffic: one of them is enough
+        // for accum_sum) lower to the same memory traffic: once one of them has passed, the
+        // others need no test (a rejected one says nothing about the rest)
         let predicted_us = graph_cost(&g, spec)?;
-        let same_tiling = seen_tilings
-            .entry(tiling_key(&label))
-            .or_insert_with(Vec::new);
-        if same_tiling
-            .iter()
-            .any(|&c: &f64| (c - predicted_us).abs() <= 1e-4 * c.max(predicted_us))
-        {
+        let tiling = tiling_key(&label);
+        if seen_tilings.get(&tiling).is_some_and(|costs: &Vec<f64>| {
+            costs
+                .iter()
+                .any(|&c| (c - predicted_us).abs() <= 1e-4 * c.max(predicted_us))
+        }) {
             continue;
         }
-        same_tiling.push(predicted_us);
+        if classes.mixes(&g) {
+            unchecked.mixed += 1;
+            p.rejected.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         if lower_candidate(&g, spec).is_err() {
             unchecked.plan += 1;
             p.rejected.fetch_add(1, Ordering::Relaxed);
@@ -1270,6 +1284,9 @@ fn verify_space(
                 // the loop charges each check when it uses the verdict, so the outcome is
                 // the serial loop's whatever the width
                 ahead.retain(|(_, a)| {
+                    if classes.mixes(a) {
+                        return false;
+                    }
                     let w = check.check_work(a);
                     !past_deadline(deadline, check.estimate(w))
                         && !over_work_limit(cfg.verify_work_limit, work_spent, w)
@@ -1288,6 +1305,8 @@ fn verify_space(
             }
         };
         if ok {
+            // the same kernels and cost spelled differently need no second test
+            seen_tilings.entry(tiling).or_default().push(predicted_us);
             per_skel[r.skel] += 1;
             verified_kernels.push(kernels);
             leader.get_or_insert(r.skel);
@@ -1344,7 +1363,7 @@ pub(crate) fn report_of(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// Add the original graph as the labelled library baseline (when it lowers on `spec`) and
 /// order the candidates best predicted first (ties by hash, so the order is deterministic).

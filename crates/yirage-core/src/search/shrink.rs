@@ -40,6 +40,9 @@ use super::budget::{eval_work, CheckClock, SMALL_WORK};
 const MIN_ROWS: usize = 32;
 /// Reduced extents are multiples of this (and of every tile of the dim).
 const ROW_STEP: usize = 16;
+/// Reduced extent of a dim every block owns one index of (heads, batch): its blocks'
+/// arithmetic is exercised by a few of them, and attention's work shrinks with it.
+const PER_BLOCK_MIN: usize = 4;
 
 /// Free class of the target (index into [`Target::classes`]) → reduced extent.
 type ShrinkMap = BTreeMap<usize, usize>;
@@ -345,13 +348,14 @@ fn plan(g: &KernelGraph, target: &Target) -> Option<Plan> {
         if blocked.contains(&c) || first[c].is_none() {
             continue;
         }
-        let lcm = tiles[c].iter().fold(ROW_STEP, |a, &t| a / gcd(a, t) * t);
-        let floor = tiles[c]
-            .iter()
-            .map(|t| 2 * t)
-            .max()
-            .unwrap_or(0)
-            .max(MIN_ROWS);
+        let per_block = !tiles[c].is_empty() && tiles[c].iter().all(|&t| t == 1);
+        let (lcm, floor) = if per_block {
+            (1, PER_BLOCK_MIN)
+        } else {
+            let lcm = tiles[c].iter().fold(ROW_STEP, |a, &t| a / gcd(a, t) * t);
+            let floor = tiles[c].iter().map(|t| 2 * t).max().unwrap_or(0);
+            (lcm, floor.max(MIN_ROWS))
+        };
         let mut small = floor.div_ceil(lcm) * lcm;
         while small < e && taken.contains(&small) {
             small += lcm;
