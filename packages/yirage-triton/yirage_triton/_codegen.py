@@ -68,7 +68,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-14"
+CODEGEN_VERSION = "triton-15"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -156,6 +156,10 @@ class TritonOptions:
     in ``KERNELS`` (AMD: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``).
     ``eager_library``: a plan of library kernels alone runs as PyTorch eager runs the graph (see
     :mod:`yirage_triton._host`); the backend profiles it as a variant of its own.
+    ``batched_unit_dot``: a matmul of 3-d tiles whose batch dim is 1 (one head per block) is
+    printed as a batched ``tl.dot`` on the 3-d tiles instead of reshaping them to 2-d: Triton
+    builds with assertions reject some of those reshapes in pipelined loops (a softmax over
+    the dot's rows between two dots), and the batched form uses other matrix instructions.
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -174,6 +178,7 @@ class TritonOptions:
     dot_sum_precision: str = "tf32"
     launch_options: tuple[tuple[str, int], ...] = ()
     eager_library: bool = False
+    batched_unit_dot: bool = False
 
     def key(self) -> str:
         key = (
@@ -190,6 +195,8 @@ class TritonOptions:
             key += f";launch={list(self.launch_options)}"
         if self.eager_library:
             key += ";eager"
+        if self.batched_unit_dot:
+            key += ";batched"
         return key
 
 
@@ -371,7 +378,45 @@ class _KernelPrinter:
                 pd = list(self.pdims[oid])
                 pd[-2] = rows
                 self.pdims[oid] = tuple(pd)
+        self.round_for_dot = self._rounded_for_dot()
         self._check_groups()
+
+    def _operand_dtype(self, o: TileOp) -> str:
+        """The dtype a tile is bound with: an input's buffer dtype (a shifted load is scaled
+        in float32), float32 for every computed tile."""
+        if o.op != "input":
+            return "float32"
+        acc = self.k.inputs[o.attr("input")]
+        return "float32" if acc.shift_load is not None else self.plan.buffer(acc.buffer).dtype
+
+    def _rounded_for_dot(self) -> dict[int, str]:
+        """Computed tiles that a 16-bit ``tl.dot`` reads (rounded to 16 bits there) and
+        something else reads too, by id → the dot's dtype. They are rounded once where they
+        are computed, so every reader sees the value the dot multiplied: a softmax's row sums
+        then add exactly the weights its values were multiplied by, and the quotient, a
+        convex combination of the values, cannot round past the dtype's largest finite value
+        (it did by up to 5e-4 with 16-bit weights over float32 sums: inf for values near it)."""
+        low = {"float16"} if self.opts.bf16_dot_as_fp32 else {"float16", "bfloat16"}
+        readers: dict[int, int] = {}
+        for o in self.k.ops:
+            for x in o.args:
+                readers[x] = readers.get(x, 0) + 1
+        for out in self.k.outputs:
+            if out.src is not None:
+                readers[out.src] = readers.get(out.src, 0) + 1
+        rounded: dict[int, str] = {}
+        for o in self.k.ops:
+            if o.op != "matmul" or o.id in self.scaled:
+                continue
+            a, b = (self.by_id[x] for x in o.args)
+            da, db = self._operand_dtype(a), self._operand_dtype(b)
+            target = da if da in low else db if db in low else self.plan.compute_dtype
+            if target not in low:
+                continue
+            for t in (a, b):
+                if t.op != "input" and readers.get(t.id, 0) > 1:
+                    rounded[t.id] = target
+        return rounded
 
     def _dot_sums(self) -> dict[int, tuple[int, list[int]]]:
         """Sums over a tile's rows that reach a scaled dot's divisor through unary ops only
@@ -541,6 +586,8 @@ class _KernelPrinter:
         ):
             # a size-1 dim padded for tl.dot: reductions/broadcasts may yield extent 1 there
             expr = f"tl.broadcast_to({expr}, {_shape(pd)})"
+        if op_id in self.round_for_dot and dtype == "float32":
+            expr = f"({expr}).to({_TL_DTYPE[self.round_for_dot[op_id]]}).to(tl.float32)"
         self.emit(f"{name} = {expr}")
         v = _Val(name, o.dims, pd, dtype, frozenset(clean), reps)
         self.vals[op_id] = v
@@ -714,6 +761,8 @@ class _KernelPrinter:
         out = self.pdims[o.id]
         nb = math.prod(batch)
         if len(batch) == 0:
+            return f"tl.dot({xa}, {xb}{', ' + acc if acc else ''}{kw})"
+        if nb == 1 and len(batch) == 1 and self.opts.batched_unit_dot:
             return f"tl.dot({xa}, {xb}{', ' + acc if acc else ''}{kw})"
         if nb == 1:
             a2, b2 = f"tl.reshape({xa}, [{m}, {kk}])", f"tl.reshape({xb}, [{kk}, {n}])"

@@ -1,0 +1,122 @@
+"""Attention with one head per block in the Triton printer: the batched 3-d dot printing
+and the softmax weights a 16-bit dot reads rounded once for every reader, run in the Triton
+interpreter against float64 numpy."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from yirage.plugin import DeviceSpec, ProbeResult
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+import plans
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
+    reason="torch and triton are not installed (pip install torch triton runs these tests)",
+)
+
+F16_MAX = 65504.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("yirage-attention-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("YIRAGE_CACHE_DIR", str(root))
+    yield root
+    mp.undo()
+
+
+def _backend(**options: Any) -> Any:
+    """A thin Triton backend run by the interpreter, printing with ``options``."""
+    from yirage_triton import TritonBackend, TritonOptions, TritonTarget
+
+    class Interp(TritonBackend):
+        name = "attentiontest"
+
+        def probe_device(self) -> ProbeResult:
+            return ProbeResult(False, "no test device: use interpret=True")
+
+        def live_device_spec(self) -> DeviceSpec:
+            raise self._unavailable("no test device")
+
+        def interpreter_spec(self) -> DeviceSpec:
+            raise self._unavailable("not needed by these tests")
+
+        def compute_units(self) -> int:
+            return 132
+
+        def smem_limit(self) -> int | None:
+            return 227 * 1024
+
+    Interp.target = TritonTarget("attentiontest", "cuda", variant_families=frozenset())
+    return Interp(interpret=True, triton_options=TritonOptions(**options))
+
+
+def _run(case: plans.Case, xs: list[np.ndarray], **options: Any) -> tuple[np.ndarray, str]:
+    be = _backend(**options)
+    printed = be.codegen(case.plan)
+    kernel = be.load(be.compile(printed))
+    tensors = be.from_numpy(xs, [d for _, d in case.inputs])
+    (out,) = kernel(*tensors)
+    return out.double().numpy(), printed.triton.text
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_batched_unit_dots_match_float64(dtype: str) -> None:
+    case = plans.attention_fused(batch=3, rows=16, d=32, kv_len=64, tl=16, dtype=dtype)
+    xs = case.random_inputs(seed=1)
+    (want,) = case.reference(*xs)
+    got, text = _run(case, xs, batched_unit_dot=True)
+    assert "tl.reshape" not in text and "tl.dot(" in text
+    tol = 2e-5 if dtype == "float32" else 5e-3
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= tol
+    plain, plain_text = _run(case, xs)
+    assert "tl.reshape" in plain_text
+    assert np.linalg.norm(plain - want) / np.linalg.norm(want) <= tol
+
+
+def _near_the_top_of_float16(case: plans.Case) -> list[np.ndarray]:
+    """One query row whose scores give the first key weight 1 and every other key a weight
+    just above 1/2 that float16 rounds up by almost half a unit; every value is float16's
+    largest. The output is that largest value: its weights sum to their own total."""
+    (_, rows, d), _ = case.inputs[0]
+    kv = case.inputs[1][0][2]
+    # a score a·b (float16 factors, exact in float32) whose weight exp(a·b) lies just above
+    # a float16 rounding midpoint
+    a = np.arange(0.9, 1.1, 2.0**-10, dtype=np.float16)
+    b = np.arange(-0.77, -0.63, 2.0**-11, dtype=np.float16)
+    s = np.outer(a.astype(np.float32), b.astype(np.float32))
+    w = np.exp(s)
+    gap = (w.astype(np.float16).astype(np.float32) - w) / w
+    i, j = np.unravel_index(np.argmax(gap), gap.shape)
+    assert gap[i, j] > 4e-4
+    q = np.zeros((1, rows, d))
+    q[0, :, 0] = a[i]
+    kt = np.zeros((1, d, kv))
+    kt[0, 0, 1:] = b[j]
+    v = np.full((1, kv, d), F16_MAX)
+    return [q, kt, v]
+
+
+def test_softmax_weights_are_rounded_once_for_the_dot_and_the_sum() -> None:
+    """Rounding the weights to float16 for the dot but summing them unrounded put the
+    quotient up to 5e-4 above the largest value: inf in float16 where float64 gives 65504."""
+    case = plans.attention_fused(batch=1, rows=16, d=16, kv_len=128, tl=32, dtype="float16")
+    xs = _near_the_top_of_float16(case)
+    (want,) = case.reference(*[x.astype(np.float16).astype(np.float64) for x in xs])
+    assert np.isfinite(want).all() and np.allclose(want, F16_MAX)
+    got, text = _run(case, xs)
+    assert ".to(tl.float16).to(tl.float32)" in text
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() / F16_MAX <= 1e-3
