@@ -8,8 +8,16 @@
 //! * `imap[a]` (grid axis a = x, y, z): kernel dim split across the blocks of axis a, or -1
 //!   (replicated). Only axes with `grid_dim[a] > 1` partition anything; the imap entry of an
 //!   axis with `grid_dim[a] == 1` is range-checked, then ignored and stored as -1 (so equal
-//!   mappings have equal canonical JSON). Two partitioning axes may not share a dim, and the
-//!   dim must be divisible by `grid_dim[a]`.
+//!   mappings have equal canonical JSON). Two partitioning axes may not share a dim.
+//! * Masked edge tiles: a block of axis a owns `t = ceil(E / grid_dim[a])` elements of the
+//!   split dim of extent `E`, and every block must own at least one (`(grid_dim[a]-1)·t <
+//!   E`). When `grid_dim[a]` does not divide `E` the axis is *masked* at `E`: the last block's
+//!   tile runs past the tensor, its elements past `E` read as zero, and output elements past
+//!   `E` are never written (an output placed along the axis has extent `E`). Every input
+//!   split along a masked axis has extent `E` there, the loop may not walk a masked dim, and an
+//!   output along a masked axis has tile `t` on that dim. Rows of a dim no op reduces never
+//!   mix, so masking such a dim computes exactly the unmasked values; a dim that is summed
+//!   gains only zeros (see [`BlockGraph::masked_axes`]).
 //! * `fmap`: dim further split by `forloop_range` (iteration i reads slice i), or -1 (loaded
 //!   once). With `forloop_range == 1` the split is a no-op and fmap is stored as -1.
 //! * `omap[a]`: output dim along which block index a places its tile. Every axis with
@@ -146,6 +154,10 @@ pub struct BlockGraph {
     tiles: Vec<TileInfo>,
     inputs: Vec<TileId>,
     outputs: Vec<BlockOutput>,
+    /// Per grid axis: the extent of the dims it splits (first input that splits it).
+    split_extent: [Option<usize>; 3],
+    /// Per grid axis: whether its grid does not divide `split_extent` (masked edge tiles).
+    masked: [bool; 3],
 }
 
 fn axis_name(a: usize) -> char {
@@ -189,6 +201,20 @@ impl BlockGraph {
             tiles: vec![],
             inputs: vec![],
             outputs: vec![],
+            split_extent: [None; 3],
+            masked: [false; 3],
+        })
+    }
+
+    /// Per grid axis: `Some(E)` when the axis is masked (its grid does not divide the
+    /// extent `E` of the dims it splits, so the last block's tile runs past `E`).
+    pub fn masked_axes(&self) -> [Option<usize>; 3] {
+        std::array::from_fn(|a| {
+            if self.masked[a] {
+                self.split_extent[a]
+            } else {
+                None
+            }
         })
     }
 
@@ -255,7 +281,8 @@ impl BlockGraph {
         })
     }
 
-    /// Geometry of the input op `kernel_dims/imap/fmap` under this graph's grid and loop.
+    /// Geometry of the input op `kernel_dims/imap/fmap` under this graph's grid and loop
+    /// (a split dim's block slice is `ceil(extent / grid)`, see masked edge tiles above).
     pub fn input_geometry(
         &self,
         kernel_dims: &[usize],
@@ -263,9 +290,10 @@ impl BlockGraph {
         fmap: i32,
     ) -> InputGeometry {
         let mut block_dims = kernel_dims.to_vec();
-        for a in 0..3 {
-            if self.grid_dim[a] > 1 && imap[a] >= 0 {
-                block_dims[imap[a] as usize] /= self.grid_dim[a] as usize;
+        for (&g, &d) in self.grid_dim.iter().zip(&imap) {
+            if g > 1 && d >= 0 {
+                let d = d as usize;
+                block_dims[d] = block_dims[d].div_ceil(g as usize);
             }
         }
         let mut tile_dims = block_dims.clone();
@@ -310,6 +338,7 @@ impl BlockGraph {
         let kdims = validate_dims(&what, dims)?;
         let rank = kdims.len() as i64;
         let mut nimap = [-1i32; 3];
+        let mut splits = vec![];
         for a in 0..3 {
             if imap[a] < -1 || imap[a] >= rank {
                 return mapping_err(format!(
@@ -325,13 +354,8 @@ impl BlockGraph {
                         axis_name(b), axis_name(a)
                     ));
                 }
-                let g = self.grid_dim[a] as usize;
-                if kdims[d] % g != 0 {
-                    return mapping_err(format!(
-                        "{what}: input_map {imap:?}: dim {d} of {} (size {}) is not divisible by grid_dim.{} ({g})",
-                        fmt_dims(&kdims), kdims[d], axis_name(a)
-                    ));
-                }
+                let masked = self.check_split(&what, a, kdims[d], fmap == d as i64)?;
+                splits.push((a, kdims[d], masked));
                 nimap[a] = imap[a] as i32;
             }
         }
@@ -371,8 +395,40 @@ impl BlockGraph {
             tile,
             dtype,
         )?;
+        for (a, extent, masked) in splits {
+            self.split_extent[a].get_or_insert(extent);
+            self.masked[a] |= masked;
+        }
         self.inputs.push(id);
         Ok(id)
+    }
+
+    /// Check that grid axis `a` may split a dim of `extent`: every block owns part of it, and
+    /// a masked axis splits dims of one extent that the loop does not walk. Returns whether
+    /// this split is masked (the caller records it once the input is added).
+    fn check_split(&self, what: &str, a: usize, extent: usize, walked: bool) -> Result<bool> {
+        let g = self.grid_dim[a] as usize;
+        let t = extent.div_ceil(g);
+        let ax = axis_name(a);
+        if (g - 1) * t >= extent {
+            return mapping_err(format!(
+                "{what}: grid_dim.{ax} ({g}) splits a dim of size {extent} into tiles of {t}, leaving the last block(s) empty; use at most {} blocks",
+                extent.div_ceil(t.max(1)).max(1).min(extent)
+            ));
+        }
+        let masked = extent % g != 0;
+        let first = self.split_extent[a].unwrap_or(extent);
+        if (masked || self.masked[a]) && first != extent {
+            return mapping_err(format!(
+                "{what}: grid_dim.{ax} ({g}) does not divide every dim it splits (sizes {first} and {extent}); a masked axis must split dims of one extent"
+            ));
+        }
+        if masked && self.forloop_range > 1 && walked {
+            return mapping_err(format!(
+                "{what}: the for-loop walks a dim of size {extent} that grid_dim.{ax} ({g}) does not divide; the loop may not walk a masked dim"
+            ));
+        }
+        Ok(masked)
     }
 
     /// Tile matmul (2-D, or batched over equal leading dims).
@@ -531,7 +587,7 @@ impl BlockGraph {
                 }
                 nomap[a] = omap[a] as i32;
                 let d = omap[a] as usize;
-                dims[d] = dims[d].saturating_mul(self.grid_dim[a] as usize);
+                dims[d] = self.output_extent(&what, a, dims[d])?;
             }
         }
         check_elems(&what, &dims)?;
@@ -541,6 +597,21 @@ impl BlockGraph {
             dims,
         });
         Ok(self.outputs.len() - 1)
+    }
+
+    /// Kernel-level extent of an output dim of tile size `tile` placed along grid axis `a`:
+    /// the axis' true extent when it is masked (the tile must then be the axis' tile).
+    fn output_extent(&self, what: &str, a: usize, tile: usize) -> Result<usize> {
+        let g = self.grid_dim[a] as usize;
+        match self.masked_axes()[a] {
+            None => Ok(tile.saturating_mul(g)),
+            Some(e) if e.div_ceil(g) == tile => Ok(e),
+            Some(e) => mapping_err(format!(
+                "{what}: grid axis {} is masked at extent {e} (tiles of {}), but this output's tile along it has size {tile}; place an output along a masked axis by a dim of the axis' tile",
+                axis_name(a),
+                e.div_ceil(g)
+            )),
+        }
     }
 
     /// Check the graph is usable inside a customized op: at least one output.
@@ -661,8 +732,9 @@ mod tests {
             _ => unreachable!(),
         }
         assert!(g.new_input(&[8, 64], DType::F32, [1, 1, -1], -1).is_err()); // collision
-        assert!(g.new_input(&[5, 64], DType::F32, [1, 0, -1], -1).is_err()); // 5 % 2
-        assert!(g.new_input(&[8, 62], DType::F32, [1, 0, -1], -1).is_err()); // 62 % 4
+                                                                             // masked axes split dims of one extent: y already splits 8, x already splits 64
+        assert!(g.new_input(&[5, 64], DType::F32, [1, 0, -1], -1).is_err());
+        assert!(g.new_input(&[8, 62], DType::F32, [1, 0, -1], -1).is_err());
         assert!(g.new_input(&[8, 64], DType::F32, [2, -1, -1], -1).is_err()); // out of range
         assert!(g.new_input(&[8, 8], DType::F32, [-1, -1, -1], 0).is_ok());
         assert!(g.new_input(&[8, 6], DType::F32, [-1, -1, -1], 1).is_err()); // 6 % 4
@@ -709,5 +781,41 @@ mod tests {
         );
         let z = g.new_input(&[8, 6], DType::F16, [-1, -1, -1], -1).unwrap();
         assert!(g.reduction_to_dimx(z, 1).is_err());
+    }
+
+    #[test]
+    fn masked_edge_tiles() {
+        let mut g = bg([7, 1, 1], 4);
+        // 100 over 7 blocks: tiles of 15, the last block owns 10.
+        let w = g.new_input(&[64, 100], DType::F32, [1, -1, -1], 0).unwrap();
+        assert_eq!(g.tile(w).unwrap().dims, vec![16, 15]);
+        assert_eq!(g.masked_axes(), [Some(100), None, None]);
+        // another dim split by the masked axis must have the same extent
+        let e = g
+            .new_input(&[64, 105], DType::F32, [1, -1, -1], 0)
+            .unwrap_err();
+        assert!(e.to_string().contains("one extent"), "{e}");
+        // the loop may not walk a masked dim
+        let e = g
+            .new_input(&[100, 64], DType::F32, [0, -1, -1], 0)
+            .unwrap_err();
+        assert!(e.to_string().contains("may not walk a masked dim"), "{e}");
+        let acc = g.forloop_accum(w, AccumKind::Sum).unwrap();
+        let e = g.new_output(acc, [1, -1, -1]).unwrap_err();
+        assert!(e.to_string().contains("masked at extent 100"), "{e}");
+        let it = g.forloop_accum(w, AccumKind::Iter).unwrap();
+        g.new_output(it, [1, -1, -1]).unwrap();
+        assert_eq!(g.output_dims(), vec![vec![16, 100]]);
+        // 9 over 4 blocks would leave the last block empty (tiles of 3)
+        let mut h = bg([4, 1, 1], 1);
+        let e = h
+            .new_input(&[9, 8], DType::F32, [0, -1, -1], -1)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Mapping);
+        assert!(e.to_string().contains("use at most 3 blocks"), "{e}");
+        // dividing grids stay unmasked
+        let mut d = bg([4, 1, 1], 1);
+        d.new_input(&[8, 64], DType::F32, [1, -1, -1], -1).unwrap();
+        assert_eq!(d.masked_axes(), [None; 3]);
     }
 }

@@ -6,7 +6,8 @@
 //! kernel would: slice inputs by imap/block index and fmap/iteration, run loop-body ops in
 //! every iteration, update accumulators, run after-loop ops once, place output tiles by
 //! omap/block index. The phase of each op comes from [`crate::phase`] (stored on the tiles
-//! by the builder). Blocks run in parallel with rayon; each block owns its buffers.
+//! by the builder). Masked edge tiles ([`BlockGraph::masked_axes`]): a tile element past the
+//! tensor's extent reads as zero, and output elements past it are not written. Blocks run in parallel with rayon; each block owns its buffers.
 //!
 //! A static sign analysis ([`tensor_signs`]) marks the values that are ≥ 0 for every real
 //! input; `sqrt`/`rsqrt` of other values use the domain's sign-unknown square root.
@@ -438,10 +439,37 @@ fn run_block_graph_signed<D: Domain>(
                     off[dd] = bidx[a] * tile.dims[dd];
                 }
             }
-            out.place(tile, &off);
+            place_clipped(out, tile, &off);
         }
     }
     Ok(outs)
+}
+
+/// The tile of `src` at `off` of `sizes`, elements past `src`'s extent read as zero.
+fn slice_padded<V: Copy>(src: &Dense<V>, off: &[usize], sizes: &[usize], zero: V) -> Dense<V> {
+    let inside: Vec<usize> = (0..sizes.len())
+        .map(|k| sizes[k].min(src.dims[k].saturating_sub(off[k])))
+        .collect();
+    if inside == sizes {
+        return src.slice(off, sizes);
+    }
+    let mut t = Dense::full(sizes, zero);
+    if inside.iter().all(|&n| n > 0) {
+        t.place(&src.slice(off, &inside), &vec![0; sizes.len()]);
+    }
+    t
+}
+
+/// Write `tile` into `out` at `off`, dropping the elements past `out`'s extent.
+fn place_clipped<V: Copy>(out: &mut Dense<V>, tile: &Dense<V>, off: &[usize]) {
+    let inside: Vec<usize> = (0..off.len())
+        .map(|k| tile.dims[k].min(out.dims[k].saturating_sub(off[k])))
+        .collect();
+    if inside == tile.dims {
+        out.place(tile, off);
+    } else if inside.iter().all(|&n| n > 0) {
+        out.place(&tile.slice(&vec![0; off.len()], &inside), off);
+    }
 }
 
 /// Contribution of one iteration to an accumulator (before summing over iterations).
@@ -552,7 +580,7 @@ fn run_one_block<D: Domain>(
                         let dd = *fmap as usize;
                         off[dd] += it * geo.tile_dims[dd];
                     }
-                    vals[i] = Some(src.slice(&off, &geo.tile_dims));
+                    vals[i] = Some(slice_padded(src, &off, &geo.tile_dims, d.zero()));
                 }
                 BlockOpKind::ForloopAccum { x, kind } => {
                     let step = accum_step(d, *kind, get(&vals, *x)?, dimx);
@@ -586,4 +614,116 @@ fn run_one_block<D: Domain>(
         .iter()
         .map(|o| get(&vals, o.tile).cloned())
         .collect()
+}
+
+#[cfg(test)]
+mod masked_tests {
+    //! Masked edge tiles: a grid that does not divide a free dim computes the target exactly.
+    use crate::block_graph::BlockGraph;
+    use crate::dense::Tensor;
+    use crate::fingerprint::equivalent;
+    use crate::kernel_graph::KernelGraph;
+    use crate::reference::evaluate;
+    use crate::{AccumKind, BinaryOp, DType, UnaryOp};
+
+    const F: DType = DType::F32;
+
+    fn data(dims: &[usize], salt: u64) -> Tensor {
+        let n: usize = dims.iter().product();
+        let v = (0..n)
+            .map(|i| {
+                let h = crate::field::mix64(salt.wrapping_mul(7919) ^ i as u64);
+                (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::new(dims.to_vec(), v).unwrap()
+    }
+
+    /// `silu(X·W1) ⊙ (X·W3)` of `X[m,k]`, `W[k,n]` as plain kernel ops.
+    fn plain_gated(m: i64, k: i64, n: i64) -> KernelGraph {
+        let mut g = KernelGraph::new();
+        let x = g.new_input(&[m, k], F).unwrap();
+        let w1 = g.new_input(&[k, n], F).unwrap();
+        let w3 = g.new_input(&[k, n], F).unwrap();
+        let a = g.matmul(x, w1).unwrap();
+        let b = g.matmul(x, w3).unwrap();
+        let s = g.unary(UnaryOp::Silu, a).unwrap();
+        let o = g.binary(BinaryOp::Mul, s, b).unwrap();
+        g.mark_output(o).unwrap();
+        g
+    }
+
+    /// The same as one kernel: N over `gx` blocks (axis x), M over `gy` blocks (axis y), K
+    /// walked by a loop of `f`; `gate` is the elementwise op joining the two products.
+    fn fused_gated(dims: [i64; 3], grid: [i64; 2], f: i64, gate: BinaryOp) -> KernelGraph {
+        let [m, k, n] = dims;
+        let mut b = BlockGraph::new([grid[0], grid[1], 1], [128, 1, 1], f, 1).unwrap();
+        let x = b.new_input(&[m, k], F, [-1, 0, -1], 1).unwrap();
+        let w1 = b.new_input(&[k, n], F, [1, -1, -1], 0).unwrap();
+        let w3 = b.new_input(&[k, n], F, [1, -1, -1], 0).unwrap();
+        let p1 = b.matmul(x, w1).unwrap();
+        let p3 = b.matmul(x, w3).unwrap();
+        let a1 = b.forloop_accum(p1, AccumKind::Iter).unwrap();
+        let a3 = b.forloop_accum(p3, AccumKind::Iter).unwrap();
+        let s = b.unary(UnaryOp::Silu, a1).unwrap();
+        let o = b.binary(gate, s, a3).unwrap();
+        b.new_output(o, [1, 0, -1]).unwrap();
+        let mut g = KernelGraph::new();
+        let ins: Vec<usize> = [[m, k], [k, n], [k, n]]
+            .iter()
+            .map(|d| g.new_input(d, F).unwrap())
+            .collect();
+        let outs = g.customized(&ins, &b).unwrap();
+        g.mark_output(outs[0]).unwrap();
+        g
+    }
+
+    #[test]
+    fn masked_gated_mlp_matches_target() {
+        // N = 100 over 7 blocks (tiles of 15, the last owns 10); M = 40 over 3 (14, 14, 12).
+        let plain = plain_gated(40, 64, 100);
+        let fused = fused_gated([40, 64, 100], [7, 3], 4, BinaryOp::Mul);
+        let ins = [data(&[40, 64], 1), data(&[64, 100], 2), data(&[64, 100], 3)];
+        let (a, b) = (
+            evaluate(&plain, &ins).unwrap(),
+            evaluate(&fused, &ins).unwrap(),
+        );
+        assert_eq!(b[0].dims, vec![40, 100]);
+        for (u, v) in a[0].data.iter().zip(&b[0].data) {
+            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
+        }
+        assert!(equivalent(&plain, &fused, 2, 3).unwrap());
+    }
+
+    #[test]
+    fn mutated_masked_gated_mlp_disagrees() {
+        let plain = plain_gated(40, 64, 100);
+        let wrong = fused_gated([40, 64, 100], [7, 3], 4, BinaryOp::Add);
+        assert!(!equivalent(&plain, &wrong, 2, 3).unwrap());
+    }
+
+    #[test]
+    fn masked_rms_norm_rows_match_target() {
+        // RMSNorm + Linear with the rows (M = 37) over 5 blocks of 8 and N = 48 over 3.
+        let mut plain = KernelGraph::new();
+        let x = plain.new_input(&[37, 32], F).unwrap();
+        let w = plain.new_input(&[32, 48], F).unwrap();
+        let r = plain.rms_norm(x, &[32], None, 1e-6).unwrap();
+        let y = plain.matmul(r, w).unwrap();
+        plain.mark_output(y).unwrap();
+        let mut b = BlockGraph::new([3, 5, 1], [128, 1, 1], 1, 1).unwrap();
+        let bx = b.new_input(&[37, 32], F, [-1, 0, -1], -1).unwrap();
+        let bw = b.new_input(&[32, 48], F, [1, -1, -1], -1).unwrap();
+        let n = b.rms_norm(bx, 1e-6).unwrap();
+        let m = b.matmul(n, bw).unwrap();
+        let acc = b.forloop_accum(m, AccumKind::Iter).unwrap();
+        b.new_output(acc, [1, 0, -1]).unwrap();
+        assert_eq!(b.masked_axes(), [None, Some(37), None]);
+        let mut g = KernelGraph::new();
+        let gx = g.new_input(&[37, 32], F).unwrap();
+        let gw = g.new_input(&[32, 48], F).unwrap();
+        let o = g.customized(&[gx, gw], &b).unwrap();
+        g.mark_output(o[0]).unwrap();
+        assert!(equivalent(&plain, &g, 2, 5).unwrap());
+    }
 }

@@ -536,7 +536,9 @@ fn json_round_trip_with_customized() {
     let bad = s.replace("\"imap\":[1,-1,-1]", "\"imap\":[1,1,-1]");
     assert_ne!(bad, s);
     assert!(from_json(&bad).is_ok()); // grid y is 1: entry ignored (normalised)
-    let bad = s.replace("\"grid_dim\":[4,1,1]", "\"grid_dim\":[5,1,1]");
+
+    // 50 blocks of 2 columns over 96 would leave the last block empty
+    let bad = s.replace("\"grid_dim\":[4,1,1]", "\"grid_dim\":[50,1,1]");
     assert_eq!(from_json(&bad).unwrap_err().kind(), ErrorKind::Mapping);
     assert!(f.describe().contains("forloop_accum"));
 }

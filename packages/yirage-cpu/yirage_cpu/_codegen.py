@@ -391,6 +391,15 @@ class _KernelPrinter:
                     terms.append(f"(int64_t){t.var} * {coef}" if coef != 1 else f"(int64_t){t.var}")
         return " + ".join(terms) if terms else "0"
 
+    def _edge_guard(self, acc: TileAccess, idx: Sequence[str]) -> str | None:
+        """C condition that element ``idx`` of a masked edge tile lies inside the buffer
+        (``(block offset + i) < extent`` per masked dim), or None for an unmasked tile."""
+        conds = []
+        for m in acc.masked:
+            start = " + ".join(f"(int64_t){t.var} * {t.stride}" for t in acc.offsets[m.dim])
+            conds.append(f"({start or '0'} + {idx[m.dim]}) < {m.extent}")
+        return " && ".join(conds) if conds else None
+
     # -- emission helpers ------------------------------------------------------------------
     def _fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -431,7 +440,12 @@ class _KernelPrinter:
         if kin.shift_load is not None:
             self._emit_shifted_input(w, oid, kin, buf, off)
             return
-        if tuple(tile) == dims and (buf.dtype == "float32" or self._only_matmul_b(oid)):
+        masked = bool(kin.masked)  # masked edge tiles are staged, zero past the extent
+        if (
+            not masked
+            and tuple(tile) == dims
+            and (buf.dtype == "float32" or self._only_matmul_b(oid))
+        ):
             name = f"v{oid}"
             ctype = _DTYPE_C[buf.dtype]
             w(f"const {ctype} *restrict {name} = B{bid} + {off};")
@@ -443,7 +457,7 @@ class _KernelPrinter:
         src = _Tile(f"B{bid}", tile, bstrides, False)
         base = f"yr_off{oid}"
         w(f"const int64_t {base} = {off};")
-        if buf.dtype in _ROW_LOAD and tile[-1] >= _HALF_ROW_MIN:
+        if not masked and buf.dtype in _ROW_LOAD and tile[-1] >= _HALF_ROW_MIN:
             with self._nest(w, tile[:-1], simd=False) as ridx:
                 idx = [*ridx, "0"]
                 row = f"B{bid} + {base} + {src.off(idx)}"
@@ -452,7 +466,11 @@ class _KernelPrinter:
             return
         with self._nest(w, tile) as idx:
             el = f"B{bid}[{base} + {src.off(idx)}]"
-            w(f"{priv.ptr}[{self._lin(idx, tile)}] = {_LOAD[buf.dtype].format(el)};")
+            val = _LOAD[buf.dtype].format(el)
+            guard = self._edge_guard(kin, idx)
+            if guard is not None:
+                val = f"({guard}) ? {val} : 0.0f"
+            w(f"{priv.ptr}[{self._lin(idx, tile)}] = {val};")
 
     def _only_matmul_b(self, oid: int) -> bool:
         """Whether every reader of ``oid`` is a matmul taking it as B (then a 16-bit tile is
@@ -936,7 +954,8 @@ class _KernelPrinter:
         base = f"yr_o{index}"
         w(f"const int64_t {base} = {off};")
         dst_tile = _Tile(f"B{bid}", tile, bstrides, False)
-        if buf.dtype in _ROW_STORE and tile[-1] >= _HALF_ROW_MIN and srct.strides[-1] == 1:
+        row_store = buf.dtype in _ROW_STORE and tile[-1] >= _HALF_ROW_MIN
+        if not out.masked and row_store and srct.strides[-1] == 1:
             with self._nest(w, tile[:-1], simd=False) as ridx:
                 idx = [*ridx, "0"]
                 dst = self._at_raw(dst_tile, idx).replace(f"B{bid}[", f"&B{bid}[{base} + ", 1)
@@ -946,7 +965,9 @@ class _KernelPrinter:
         with self._nest(w, tile) as idx:  # scale_outputs too: they are stored shifted
             dst = self._at_raw(_Tile(f"B{bid}", tile, bstrides, False), idx)
             dst = dst.replace(f"B{bid}[", f"B{bid}[{base} + ", 1)
-            w(f"{dst} = {conv.format(srct.at(idx))};")
+            guard = self._edge_guard(out, idx)  # masked edge tiles: nothing past the extent
+            store = f"{dst} = {conv.format(srct.at(idx))};"
+            w(f"if ({guard}) {store}" if guard is not None else store)
 
     def _emit_shift_store(self, w: _Writer, exp: int, store: TileAccess) -> None:
         """The running max of ``exp``'s group, one per row of its argument."""

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from yirage.cfamily import CFamilyPrinter, Slot, Step
-from yirage.plan import GeneratedKernel, Plan, TileAccess, TileOp, parse_plan
+from yirage.plan import GeneratedKernel, Plan, TileAccess, TileOp, parse_plan, refuse_masked
 from yirage_triton import launcher_lines
 
 __all__ = ["CODEGEN_VERSION", "CudaCppOptions", "CudaCppSource", "generate_cuda"]
@@ -363,6 +363,7 @@ class _CudaKernelPrinter(CFamilyPrinter):
 def generate_cuda(plan: object, options: CudaCppOptions | None = None) -> CudaCppSource:
     """Print ``plan`` as CUDA C++ plus its Python host module."""
     p = parse_plan(plan)
+    refuse_masked(p, "the CUDA C++ printer")
     opts = options or CudaCppOptions()
     parts = [_PRELUDE.format(version=CODEGEN_VERSION, hash=p.graph_hash or "<unhashed>")]
     kernels: dict[str, dict[str, int]] = {}

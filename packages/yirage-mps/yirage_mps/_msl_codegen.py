@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from yirage.cfamily import CFamilyPrinter, Slot, Step
-from yirage.plan import GeneratedKernel, Plan, TileOp, parse_plan
+from yirage.plan import GeneratedKernel, Plan, TileOp, parse_plan, refuse_masked
 
 __all__ = ["CODEGEN_VERSION", "MslOptions", "MslSource", "generate_msl"]
 
@@ -219,6 +219,7 @@ class MslKernelPrinter(CFamilyPrinter):
 def generate_msl(plan: object, options: MslOptions | None = None) -> MslSource:
     """Print every generated kernel of ``plan`` as one Metal source."""
     p = parse_plan(plan)
+    refuse_masked(p, "the Metal printer")
     opts = options or MslOptions()
     parts = [_PRELUDE.format(version=CODEGEN_VERSION, hash=p.graph_hash or "<unhashed>")]
     kernels: dict[str, dict[str, int]] = {}

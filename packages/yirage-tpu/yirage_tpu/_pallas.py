@@ -44,6 +44,7 @@ from yirage.plan import (
     TileAccess,
     TileOp,
     parse_plan,
+    refuse_masked,
 )
 from yirage.plugin import DeviceSpec
 
@@ -665,6 +666,7 @@ def generate_pallas(plan: object, spec: DeviceSpec | None = None) -> PallasSourc
     """Print ``plan`` (anything :func:`yirage.plan.parse_plan` reads) as a Pallas module;
     with ``spec``, its block shapes are checked against the spec's tiling rule first."""
     p = parse_plan(plan)
+    refuse_masked(p, "the Pallas printer")
     if spec is not None:
         check_blocks(p, spec)
     written: set[int] = set()

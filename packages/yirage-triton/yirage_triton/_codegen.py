@@ -21,6 +21,9 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
   matmul (M, N, K) are padded to at least 16 so ``tl.dot`` can use tensor cores. Padding sizes
   are unified across ops (union-find over tile dims linked by elementwise ops and matmuls),
   so every op sees operands of consistent block shapes.
+* Masked edge tiles (an access's ``masked`` dims): loads and stores are also masked by the
+  global index against the buffer's extent, so the last block reads zeros past it and
+  writes nothing there (the plan's semantics; such dims are never reduced in the kernel).
 * Padded lanes hold zeros after loads; the printer tracks which ops keep them zero and masks
   values (0 for sums and matmul contractions, -∞ for running maxima) before any reduction
   over a padded dim whose lanes may be non-zero.
@@ -511,6 +514,14 @@ class _KernelPrinter:
         return f"{prefix}{self.tmp}"
 
     def _check_groups(self) -> None:
+        shifted = self.k.shift_carry is not None or any(
+            g.shift_store is not None for g in self.k.safe_softmax
+        )
+        if shifted and self.k.masked_accesses:
+            raise CodegenError(
+                f"kernel {self.k.name!r}: masked edge tiles with shifted partials (shift_store/"
+                "shift_carry) are not printed; lower with a grid that divides the split dims"
+            )
         order = {o.id: i for i, o in enumerate(self.k.ops)}
         for g in self.k.safe_softmax:
             e = self.by_id[g.exp]
@@ -622,6 +633,7 @@ class _KernelPrinter:
         wide = buf.numel > _INT32_LIMIT
         terms = []
         masks = []
+        edge = {m.dim: m.extent for m in acc.masked}
         for d in range(rank):
             lanes = acc.tile[d] * (width if d == rank - 1 else 1)
             parts = []
@@ -644,6 +656,8 @@ class _KernelPrinter:
             terms.append(_expand(f"{idx} * {stride}" if stride != 1 else idx, d, rank))
             if pdims[d] != lanes:
                 masks.append(_expand(f"tl.arange(0, {pdims[d]}) < {lanes}", d, rank))
+            if d in edge:  # a masked edge tile: nothing past the buffer's extent
+                masks.append(_expand(f"{idx} < {edge[d]}", d, rank))
         offs = " + ".join(terms) if terms else "0"
         ptr = f"buf{acc.buffer} + {offs}"
         if not terms or all(p == 1 for p in pdims):

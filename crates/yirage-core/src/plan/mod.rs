@@ -128,6 +128,18 @@ pub struct TileIo {
     /// Maxima of a shifted partial input (module `shift_carry`, docs/kernel-plan.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shift_load: Option<ShiftLoad>,
+    /// Dims whose last block's tile runs past the buffer (masked edge tiles): elements past
+    /// `extent` load as zero.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked: Vec<MaskedDim>,
+}
+
+/// A tile dim of a masked edge tile: the grid does not divide the buffer's `extent`, so
+/// the last block's tile runs past it; loads read zeros there, stores skip it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaskedDim {
+    pub dim: usize,
+    pub extent: usize,
 }
 
 /// An output tile store.
@@ -137,6 +149,10 @@ pub struct TileOut {
     pub src: usize,
     pub tile: Vec<usize>,
     pub offsets: Vec<Vec<Offset>>,
+    /// Dims whose last block's tile runs past the buffer: elements past `extent` are not
+    /// stored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked: Vec<MaskedDim>,
 }
 
 /// One tile op (fields present depending on `op`, see docs/kernel-plan.md).
@@ -915,6 +931,7 @@ fn generated_kernel(
                     tile: geo.tile_dims,
                     offsets,
                     shift_load: None,
+                    masked: masked_dims(bg, imap),
                 });
                 o.op = "input".into();
                 o.input = Some(k);
@@ -986,6 +1003,7 @@ fn generated_kernel(
             src: out.tile,
             tile,
             offsets,
+            masked: masked_dims(bg, &out.omap),
         });
     }
     let threads: u32 = bg.block_dim().iter().product();
@@ -1018,6 +1036,46 @@ fn generated_kernel(
     };
     analysis::analyse(&mut k, spec);
     Ok(k)
+}
+
+/// The dims of a tile placed by `map` (an imap or omap) along masked grid axes, with the
+/// axis' extent.
+fn masked_dims(bg: &BlockGraph, map: &[i32; 3]) -> Vec<MaskedDim> {
+    let mut v: Vec<MaskedDim> = (0..3)
+        .filter_map(|a| {
+            let extent = bg.masked_axes()[a]?;
+            (map[a] >= 0).then(|| MaskedDim {
+                dim: map[a] as usize,
+                extent,
+            })
+        })
+        .collect();
+    v.sort_by_key(|m| m.dim);
+    v
+}
+
+/// Whether a generated kernel has masked edge tiles.
+fn has_masked(k: &GeneratedKernel) -> bool {
+    k.inputs.iter().any(|i| !i.masked.is_empty()) || k.outputs.iter().any(|o| !o.masked.is_empty())
+}
+
+/// Masked edge tiles are not combined with shifted partials (their row-max windows would
+/// need masks of their own): such a plan is refused.
+fn check_masked(plan: &KernelPlan) -> Result<()> {
+    for k in &plan.kernels {
+        let PlanKernel::Generated(k) = k else {
+            continue;
+        };
+        let shifted =
+            k.shift_carry.is_some() || k.safe_softmax.iter().any(|g| g.shift_store.is_some());
+        if has_masked(k) && shifted {
+            return Err(CoreError::Mapping(format!(
+                "kernel plan: {} has masked edge tiles and stores or reads shifted partials; use a grid that divides the split dims",
+                k.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Lower a search candidate: as [`lower`], but a candidate in which an exp that cannot be
@@ -1072,7 +1130,9 @@ pub fn lower(g: &KernelGraph, spec: &DeviceSpec) -> Result<KernelPlan> {
         buffers: m.buffers,
         kernels,
     };
-    shift_carry::carried(plan, spec)
+    let plan = shift_carry::carried(plan, spec)?;
+    check_masked(&plan)?;
+    Ok(plan)
 }
 
 #[cfg(test)]

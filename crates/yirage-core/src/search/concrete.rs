@@ -279,8 +279,15 @@ fn pow2_divisors(extent: usize, max: usize) -> impl Iterator<Item = usize> {
 /// Grid part counts of a class of `extent` (≤ `max`, tile ≥ `min_tile`): power-of-two
 /// counts, plus counts leaving a power-of-two tile (6144 → 192 blocks of 32), so a
 /// non-power-of-two extent can still fill every unit with matrix-friendly tiles (the
-/// latter only with `pow2_tiles`, i.e. for GPUs; CPU candidates are unchanged).
-fn grid_parts(extent: usize, max: usize, min_tile: usize, pow2_tiles: bool) -> Vec<usize> {
+/// latter only with `pow2_tiles`, i.e. for GPUs; CPU candidates are unchanged). With
+/// `masked` (a free class, see [`masked_parts`]) also the counts of masked edge tiles.
+fn grid_parts(
+    extent: usize,
+    max: usize,
+    min_tile: usize,
+    pow2_tiles: bool,
+    masked: bool,
+) -> Vec<usize> {
     let mut v: Vec<usize> = pow2_divisors(extent, max).collect();
     if pow2_tiles {
         v.extend(
@@ -291,9 +298,28 @@ fn grid_parts(extent: usize, max: usize, min_tile: usize, pow2_tiles: bool) -> V
         );
     }
     v.retain(|&p| extent / p >= min_tile);
+    if pow2_tiles && masked {
+        v.extend(masked_parts(extent, max, min_tile));
+    }
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// Part counts `p` whose tile `ceil(extent / p)` is a power of two `t ≥ max(min_tile,
+/// MIN_MATRIX_TILE)` that does not divide `extent`: the last block owns a partial, masked
+/// tile (5000 → 313 blocks of 16, …; 40 → 3 blocks is not offered, its tile would be 14).
+/// Only for dims no op of the kernel reduces, where the masked rows never mix with the
+/// others, so the edge computes exact values.
+fn masked_parts(extent: usize, max: usize, min_tile: usize) -> impl Iterator<Item = usize> {
+    (0..usize::BITS)
+        .map(|i| 1usize << i)
+        .skip_while(move |&t| t < min_tile.max(MIN_MATRIX_TILE))
+        .take_while(move |&t| t < extent)
+        .filter(move |&t| extent % t != 0)
+        .map(move |t| (t, extent.div_ceil(t)))
+        .filter(move |&(t, p)| extent.div_ceil(p) == t && (2..=max).contains(&p))
+        .map(|(_, p)| p)
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -644,7 +670,8 @@ fn pattern_kinds(c: &ClassInfo, max_blocks: usize, gpu: bool) -> Vec<Kind> {
         return vec![Kind::Whole];
     }
     let min_tile = if c.matrix { MIN_MATRIX_TILE } else { 1 };
-    let grid_ok = !c.no_grid && !grid_parts(c.extent, max_blocks, min_tile, gpu).is_empty();
+    let grid_ok =
+        !c.no_grid && !grid_parts(c.extent, max_blocks, min_tile, gpu, !c.contracted).is_empty();
     let loop_ok = c.contracted && c.extent >= 2 * LOOP_TILE.0;
     let mut v = vec![Kind::Whole];
     if grid_ok {
@@ -682,7 +709,7 @@ fn tile_dims(prog: &BlockProgram, an: &Analysis, asg: &[Assign], f: usize) -> Ve
                             info.extent
                         } else {
                             let a = asg[*c];
-                            info.extent / a.parts / if a.loopy { f } else { 1 }
+                            info.extent.div_ceil(a.parts) / if a.loopy { f } else { 1 }
                         }
                     }
                 })
@@ -894,6 +921,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
             for (c, k) in pat.iter().enumerate() {
                 let info = &an.classes[c];
                 let min_tile = if info.matrix { MIN_MATRIX_TILE } else { 1 };
+                let free = !info.contracted;
                 let loop_ok = |tile: usize| {
                     info.chunk.is_some() || (LOOP_TILE.0..=LOOP_TILE.1).contains(&tile)
                 };
@@ -914,14 +942,14 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                             vec![]
                         }
                     }
-                    Kind::Grid => grid_parts(info.extent, max_blocks, min_tile, gpu)
+                    Kind::Grid => grid_parts(info.extent, max_blocks, min_tile, gpu, free)
                         .into_iter()
                         .map(|p| Assign {
                             parts: p,
                             loopy: false,
                         })
                         .collect(),
-                    Kind::GridLoop => grid_parts(info.extent, max_blocks, 1, gpu)
+                    Kind::GridLoop => grid_parts(info.extent, max_blocks, 1, gpu, false)
                         .into_iter()
                         .filter(|&p| info.extent % (p * f) == 0 && loop_ok(info.extent / (p * f)))
                         .map(|p| Assign {
@@ -1055,4 +1083,34 @@ fn assign_rec(
         }
     }
     true
+}
+
+#[cfg(test)]
+mod masked_tests {
+    use super::*;
+
+    #[test]
+    fn masked_parts_leave_power_of_two_tiles() {
+        // 5000 = 625·8: no matrix-sized power-of-two tile divides it
+        let p: Vec<usize> = masked_parts(5000, 528, 16).collect();
+        assert_eq!(p, vec![313, 157, 79]); // tiles of 16, 32, 64 (40 blocks would get 125)
+        for &p in &p {
+            let t = 5000usize.div_ceil(p);
+            assert!(
+                t.is_power_of_two() && t >= 16 && (p - 1) * t < 5000,
+                "{p}: {t}"
+            );
+        }
+        // 40 rows: 3 blocks would get tiles of 14, below the matrix tile
+        assert_eq!(masked_parts(40, 528, 16).count(), 0);
+        assert_eq!(masked_parts(300, 528, 16).collect::<Vec<_>>(), vec![19]);
+        // only free classes get them, and only for GPUs
+        assert!(grid_parts(5000, 528, 16, true, true).contains(&313));
+        assert!(!grid_parts(5000, 528, 16, true, false).contains(&313));
+        assert!(!grid_parts(5000, 528, 16, false, true).contains(&313));
+        assert_eq!(
+            grid_parts(4096, 528, 16, true, true),
+            grid_parts(4096, 528, 16, true, false)
+        );
+    }
 }

@@ -13,7 +13,9 @@
 //! run one block program on equal slices, so the candidate restricted to fewer rows — the
 //! same tiles, the same block program, fewer blocks along that dim — is the same program at a
 //! smaller size. The verifier fingerprints that smaller twin against the target at the same
-//! smaller size.
+//! smaller size. A masked edge tile (a grid that does not divide the dim) keeps its tile
+//! `ceil(extent / parts)`; the twin's reduced extent is a multiple of it, so the twin runs the
+//! same block program on whole tiles and the edge only drops rows that are never written.
 //!
 //! The reduced extent keeps every tile of the candidate whole and at least two blocks per
 //! split axis (so the block-to-slice arithmetic is exercised), and never coincides with
@@ -193,7 +195,7 @@ fn link(g: &KernelGraph) -> Option<Linked> {
                         let axis = (0..3).find(|&a| imap[a] == j as i32 && grid[a] > 1);
                         match axis {
                             Some(a) if *fmap != j as i32 => {
-                                tiles.push((s.id(t, j), ts[t].dims[j] / grid[a] as usize));
+                                tiles.push((s.id(t, j), ts[t].dims[j].div_ceil(grid[a] as usize)));
                             }
                             _ => whole.push(s.id(t, j)),
                         }
@@ -418,7 +420,7 @@ fn reduce(g: &KernelGraph, p: &Plan, map: &ShrinkMap) -> Option<KernelGraph> {
                         }
                         let (full, red) =
                             (ts[t].dims[j as usize] as i64, small(t, j as usize) as i64);
-                        let parts = red / (full / grid[a]);
+                        let parts = red / ((full + grid[a] - 1) / grid[a]); // red: a multiple of the tile
                         if *new_grid[a].get_or_insert(parts) != parts {
                             return None;
                         }

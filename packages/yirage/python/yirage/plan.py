@@ -31,6 +31,7 @@ __all__ = [
     "CodegenError",
     "GeneratedKernel",
     "LibraryKernel",
+    "MaskedDim",
     "OffsetTerm",
     "Plan",
     "PlanError",
@@ -41,6 +42,7 @@ __all__ = [
     "TileAccess",
     "TileOp",
     "parse_plan",
+    "refuse_masked",
 ]
 
 FORMAT = "yirage.kernel_plan"
@@ -142,6 +144,16 @@ class ShiftLoad:
 
 
 @dataclass(frozen=True)
+class MaskedDim:
+    """A tile dim of a masked edge tile: the grid does not divide the buffer's ``extent``
+    along it, so the last block's tile runs past it; loads read zeros there and stores skip
+    it."""
+
+    dim: int
+    extent: int
+
+
+@dataclass(frozen=True)
 class TileAccess:
     """A tile load (kernel input) or store (kernel output)."""
 
@@ -150,6 +162,8 @@ class TileAccess:
     offsets: tuple[tuple[OffsetTerm, ...], ...]
     src: int | None = None  # outputs: the op whose value is stored
     shift_load: ShiftLoad | None = None  # inputs: a partial stored shifted by exp(-m)
+    #: dims whose last block's tile runs past the buffer (masked edge tiles)
+    masked: tuple[MaskedDim, ...] = ()
 
     def uses_iter(self) -> bool:
         return any(t.var == "iter" for dim in self.offsets for t in dim)
@@ -236,6 +250,13 @@ class GeneratedKernel:
     def blocks(self) -> int:
         """Thread blocks of the grid."""
         return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def masked_accesses(self) -> tuple[tuple[str, TileAccess], ...]:
+        """(``"input i"``/``"output i"``, access) of every load/store with masked edge tiles."""
+        named = [(f"input {i}", a) for i, a in enumerate(self.inputs)]
+        named += [(f"output {i}", a) for i, a in enumerate(self.outputs)]
+        return tuple((n, a) for n, a in named if a.masked)
 
     def op(self, op_id: int) -> TileOp:
         for op in self.ops:
@@ -351,15 +372,54 @@ def _check_access(
             where, f"tile {list(acc.tile)} has another rank than buffer {buf.id} {list(buf.dims)}"
         )
     extent = {"bx": grid[0], "by": grid[1], "bz": grid[2], "iter": forloop}
+    masked = {m.dim: m for m in acc.masked}
     for d, (t, n) in enumerate(zip(acc.tile, buf.dims, strict=True)):
         if t > n:
             raise _err(where, f"tile dim {d} ({t}) exceeds buffer dim {n}")
         hi = sum((extent[term.var] - 1) * term.stride for term in acc.offsets[d])
-        if hi + t > n:
+        if d in masked:
+            _check_masked(masked[d], acc.offsets[d], hi, n, where)
+        elif hi + t > n:
             raise _err(
                 where,
                 f"tile dim {d} reaches {hi + t} > buffer {buf.id} dim {n} "
                 f"(offset {' + '.join(f'{x.var}*{x.stride}' for x in acc.offsets[d]) or '0'})",
+            )
+
+
+def _check_masked(m: MaskedDim, terms: Sequence[OffsetTerm], last: int, n: int, where: str) -> None:
+    """A masked dim: the buffer's extent, walked by grid blocks only, the last block
+    starting inside it."""
+    w = f"{where} masked dim {m.dim}"
+    if m.extent != n:
+        raise _err(w, f"extent {m.extent} is not the buffer's dim {n}")
+    if any(term.var == "iter" for term in terms):
+        raise _err(w, "the loop may not walk a masked dim")
+    if last >= n:
+        raise _err(w, f"the last block starts at {last}, past the extent {n}")
+
+
+def _masked(raw: Any, rank: int, where: str) -> tuple[MaskedDim, ...]:
+    """An access's ``masked`` list: distinct dims in increasing order."""
+    out: list[MaskedDim] = []
+    for i, r in enumerate(raw or []):
+        w = f"{where} masked {i}"
+        dim = _int(_get(r, "dim", w), w, "dim", 0)
+        if dim >= rank or (out and dim <= out[-1].dim):
+            raise _err(w, f"dim {dim}: expected distinct dims of the tile in increasing order")
+        out.append(MaskedDim(dim, _int(_get(r, "extent", w), w, "extent", 1)))
+    return tuple(out)
+
+
+def refuse_masked(plan: Plan, printer: str) -> None:
+    """CodegenError for a plan with masked edge tiles, for printers that do not mask."""
+    for k in plan.generated:
+        for name, acc in k.masked_accesses:
+            m = acc.masked[0]
+            raise CodegenError(
+                f"kernel {k.name!r} {name}: {printer} does not print masked edge tiles (dim "
+                f"{m.dim}: tiles of {acc.tile[m.dim]} over an extent of {m.extent}); search "
+                "for this backend's device spec, whose grids divide every split dim"
             )
 
 
@@ -561,6 +621,7 @@ def _parse_generated(
             raise _err(w, f"dims {r['dims']} differ from buffer {buf_id} {list(buf.dims)}")
         tile = _dims(_get(r, "tile", w), w, "tile")
         acc = TileAccess(buf_id, tile, _offsets(_get(r, "offsets", w), len(tile), w))
+        acc = replace(acc, masked=_masked(r.get("masked"), len(tile), w))
         _check_access(acc, buf, grid, forloop, w)
         if r.get("shift_load") is not None:
             acc = replace(acc, shift_load=_shift_load(r["shift_load"], acc, bufs, grid, forloop, w))
@@ -604,6 +665,7 @@ def _parse_generated(
         if seen[src].phase not in ("accum", "epilogue"):
             raise _err(w, f"outputs store values after the loop; op {src} is {seen[src].phase!r}")
         acc = TileAccess(buf_id, tile, _offsets(_get(r, "offsets", w), len(tile), w), src)
+        acc = replace(acc, masked=_masked(r.get("masked"), len(tile), w))
         if acc.uses_iter():
             raise _err(w, "output offsets cannot depend on the loop index")
         _check_access(acc, bufs[buf_id], grid, 1, w)

@@ -1,0 +1,57 @@
+"""Printers that do not mask refuse plans with masked edge tiles (a CodegenError naming the
+kernel, the access and the fix) instead of printing loads and stores past the buffer; the
+CUDA backend then keeps its Triton printing, which masks them."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from _search_graphs import H100
+
+import yirage as yr
+from yirage.plan import CodegenError, parse_plan
+
+
+def _masked_plan() -> dict[str, Any]:
+    """A fused gated MLP whose 300 columns are cut into 19 blocks of 16 (the last owns 12)."""
+    g = yr.new_kernel_graph()
+    x = g.new_input((8, 200), yr.float32)
+    w1, w2 = g.new_input((200, 300), yr.float32), g.new_input((200, 300), yr.float32)
+    g.mark_output(g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w2)))
+    r = yr.search(g, device_spec=H100, config="mlp", top_k=1, cache=False)
+    plan: dict[str, Any] = r.candidates[0].kernel_plan().to_dict()
+    assert any(k.masked_accesses for k in parse_plan(plan).generated), r.candidates[0].label
+    return plan
+
+
+def _printer(module: str, name: str) -> Callable[[Any], Any]:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - the vendor package is not installed
+        pytest.skip(f"{module} is not installed: {exc}")
+    fn: Callable[[Any], Any] = getattr(mod, name)
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "printer"),
+    [
+        ("yirage_cuda._cuda_codegen", "generate_cuda", "the CUDA C\\+\\+ printer"),
+        ("yirage_mps._msl_codegen", "generate_msl", "the Metal printer"),
+        ("yirage_tpu._pallas", "generate_pallas", "the Pallas printer"),
+    ],
+)
+def test_printers_without_masks_refuse_masked_plans(module: str, name: str, printer: str) -> None:
+    generate = _printer(module, name)
+    with pytest.raises(CodegenError, match=f"{printer} does not print masked edge tiles") as e:
+        generate(_masked_plan())
+    assert "tiles of 16 over an extent of 300" in str(e.value)
+
+
+def test_the_triton_layer_masks_them() -> None:
+    generate = _printer("yirage_triton", "generate_triton")
+    text = generate(_masked_plan()).text
+    assert "< 300" in text  # the loads and stores compare the global column with 300

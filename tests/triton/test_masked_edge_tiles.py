@@ -1,0 +1,182 @@
+"""Masked edge tiles: dims no power-of-two matrix tile divides (5000 = 625·8, primes) get
+fused candidates whose last block owns a partial tile. The search offers them on the pinned
+H100 spec, fingerprints verify them, the plan names the masked dims, and the Triton printer
+(run by the interpreter) masks their loads and stores: numbers against float64 numpy."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _search_graphs import H100
+
+import yirage as yr
+from yirage.plan import GeneratedKernel, parse_plan
+from yirage.plugin import DeviceSpec, ProbeResult
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
+    reason="torch and triton are not installed (pip install torch triton runs these tests)",
+)
+
+EPS = 1e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("yirage-masked-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("YIRAGE_CACHE_DIR", str(root))
+    yield root
+    mp.undo()
+
+
+def _backend() -> Any:
+    """A thin Triton backend run by the interpreter."""
+    from yirage_triton import TritonBackend, TritonTarget
+
+    class Interp(TritonBackend):
+        name = "maskedtest"
+
+        def probe_device(self) -> ProbeResult:
+            return ProbeResult(False, "no test device: use interpret=True")
+
+        def live_device_spec(self) -> DeviceSpec:
+            raise self._unavailable("no test device")
+
+        def interpreter_spec(self) -> DeviceSpec:
+            raise self._unavailable("not needed by these tests")
+
+        def compute_units(self) -> int:
+            return 132
+
+        def smem_limit(self) -> int | None:
+            return 227 * 1024
+
+    Interp.target = TritonTarget("maskedtest", "cuda", variant_families=frozenset())
+    return Interp(interpret=True)
+
+
+def gated_mlp(b: int, h: int, n: int, dt: Any = yr.float32) -> yr.KernelGraph:
+    g = yr.new_kernel_graph()
+    x = g.new_input((b, h), dt)
+    w1, w2 = g.new_input((h, n), dt), g.new_input((h, n), dt)
+    g.mark_output(g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w2)))
+    return g
+
+
+def rmsnorm_linear(b: int, h: int, n: int, dt: Any = yr.float32) -> yr.KernelGraph:
+    g = yr.new_kernel_graph()
+    x, w = g.new_input((b, h), dt), g.new_input((h, n), dt)
+    g.mark_output(g.matmul(g.rms_norm(x, (h,), eps=EPS), w))
+    return g
+
+
+def _gated_ref(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+    s = x @ w1
+    return s / (1.0 + np.exp(-s)) * (x @ w2)
+
+
+def _rms_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return (x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + EPS)) @ w
+
+
+GRAPHS = {"gated_mlp": (gated_mlp, _gated_ref), "rmsnorm_linear": (rmsnorm_linear, _rms_ref)}
+
+
+def _search(workload: str, dims: tuple[int, int, int], dt: Any = yr.float32) -> Any:
+    graph = GRAPHS[workload][0](*dims, dt)
+    config = "mlp" if workload == "gated_mlp" else None
+    return yr.search(graph, device_spec=H100, config=config, top_k=4, cache=False)
+
+
+def _masked(candidate: Any) -> list[tuple[GeneratedKernel, str, Any]]:
+    if candidate.baseline:
+        return []
+    return [
+        (k, name, acc)
+        for k in parse_plan(candidate.kernel_plan()).generated
+        for name, acc in k.masked_accesses
+    ]
+
+
+@pytest.mark.parametrize("workload", ["gated_mlp", "rmsnorm_linear"])
+def test_a_ragged_workload_gets_a_fused_candidate_like_its_divisible_neighbour(
+    workload: str,
+) -> None:
+    """The bench's ragged preset (8 x 4000 x 5000, fp16): 5000 columns have no matrix-sized
+    power-of-two divisor, so the fused kernel tiles them by 16/32/64 with a masked last
+    block; 8 x 4096 x 4096 is fused with dividing tiles, as before."""
+    divisible = _search(workload, (8, 4096, 4096), yr.float16).candidates[0]
+    assert not divisible.baseline and not _masked(divisible), divisible.label
+    ragged = _search(workload, (8, 4000, 5000), yr.float16)
+    best = ragged.candidates[0]
+    assert not best.baseline, [c.label for c in ragged.candidates]
+    masked = _masked(best)
+    assert masked, best.label
+    for k, _, acc in masked:
+        for m in acc.masked:
+            assert m.extent == 5000
+            t = acc.tile[m.dim]
+            blocks = -(-5000 // t)
+            assert t >= 16 and t & (t - 1) == 0 and blocks in k.grid, (t, k.grid)
+    baseline = next(c for c in ragged.candidates if c.baseline)
+    assert best.predicted_us < baseline.predicted_us
+
+
+@pytest.mark.parametrize(
+    ("workload", "dims"),
+    [
+        ("gated_mlp", (8, 200, 300)),  # N = 300 over 19 blocks of 16 (the last owns 12)
+        ("gated_mlp", (8, 96, 257)),  # a prime N: 17 blocks of 16, the last owns 1
+        ("rmsnorm_linear", (8, 200, 300)),
+        ("rmsnorm_linear", (47, 64, 96)),  # a prime M = 47: 3 row blocks of 16
+    ],
+    ids=["gated_8x200x300", "gated_8x96x257", "rms_linear_8x200x300", "rms_linear_47x64x96"],
+)
+def test_masked_candidates_match_float64_in_the_interpreter(
+    workload: str, dims: tuple[int, int, int]
+) -> None:
+    r = _search(workload, dims)
+    chosen = [c for c in r.candidates if _masked(c)]
+    assert chosen, [c.label for c in r.candidates]
+    be = _backend()
+    rng = np.random.default_rng(7)
+    b, h, n = dims
+    shapes = [(b, h), (h, n)] if workload == "rmsnorm_linear" else [(b, h), (h, n), (h, n)]
+    arrays = [rng.standard_normal(s) / (np.sqrt(s[0]) if i else 1.0) for i, s in enumerate(shapes)]
+    want = GRAPHS[workload][1](*arrays)
+    for cand in chosen[:2]:
+        src = be.codegen(cand.kernel_plan())
+        assert "< 300" in src.code or "< 257" in src.code or "< 47" in src.code
+        kernel = be.load(be.compile(src))
+        tensors = be.from_numpy([a.astype(np.float32) for a in arrays], ["float32"] * len(arrays))
+        (out,) = kernel(*tensors)
+        got = out.double().numpy()
+        assert got.shape == want.shape
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        assert err <= 1e-5, (cand.label, err)
+
+
+def test_a_plan_with_a_masked_tile_the_loop_walks_is_refused() -> None:
+    """The plan reader checks the masked fields: the loop may not walk a masked dim, and
+    the extent is the buffer's."""
+    from yirage.plan import PlanError
+
+    plan = _search("gated_mlp", (8, 200, 300)).candidates[0].kernel_plan().to_dict()
+    k = next(k for k in plan["kernels"] if k["kind"] == "generated")
+    io = next(i for i in k["inputs"] if i.get("masked"))
+    io["masked"][0]["extent"] = 299
+    with pytest.raises(PlanError, match="extent 299 is not the buffer's dim 300"):
+        parse_plan(plan)
+    io["masked"][0]["extent"] = 300
+    io["offsets"][io["masked"][0]["dim"]].append({"var": "iter", "stride": 1})
+    with pytest.raises(PlanError, match="the loop may not walk a masked dim"):
+        parse_plan(plan)
