@@ -120,3 +120,18 @@ def test_softmax_weights_are_rounded_once_for_the_dot_and_the_sum() -> None:
     assert ".to(tl.float16).to(tl.float32)" in text
     assert np.isfinite(got).all()
     assert np.abs(got - want).max() / F16_MAX <= 1e-3
+
+
+def test_softmax_kernels_are_compiled_without_contraction_where_asked() -> None:
+    """A contracted ``s * c - max(s * c)`` misses zero at the maximum by tens at scores of
+    1e8 (measured on an H100: whole rows of NaN); only kernels with a safe-softmax group
+    are compiled without contraction."""
+    from yirage_triton import TritonOptions, generate_triton
+
+    attention = plans.attention_fused(batch=2, rows=16, d=32, kv_len=64, tl=16).plan
+    exact = generate_triton(attention, TritonOptions(exact_softmax_shift=True)).text
+    assert exact.count("enable_fp_fusion=False") == 2  # the launch and the warm-up
+    assert "'enable_fp_fusion': False" in exact  # KERNELS, for ahead-of-time compiles
+    assert "enable_fp_fusion" not in generate_triton(attention, TritonOptions()).text
+    mlp = generate_triton(plans.gated_mlp().plan, TritonOptions(exact_softmax_shift=True))
+    assert "enable_fp_fusion" not in mlp.text

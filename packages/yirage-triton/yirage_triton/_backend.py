@@ -58,6 +58,10 @@ __all__ = ["TritonArtifact", "TritonBackend", "TritonKernel", "TritonPrinted"]
 
 _log = get_logger(__name__)
 
+#: Triton backends whose compile options have ``enable_fp_fusion`` (see
+#: ``TritonOptions.exact_softmax_shift``).
+_FP_FUSION_BACKENDS = ("cuda", "hip")
+
 
 @dataclass
 class TritonPrinted:
@@ -295,6 +299,7 @@ class TritonBackend(Backend):
                 fp32_dot_precision=self.target.fp32_dot_precisions[0],
                 dot_sum_precision=self.target.dot_sum_precision,
                 launch_options=self.target.compile_options,
+                exact_softmax_shift=self.target.aot_backend in _FP_FUSION_BACKENDS,
             )
         if opts.fp32_dot_precision not in self.target.fp32_dot_precisions:
             raise CodegenError(
@@ -313,6 +318,7 @@ class TritonBackend(Backend):
             fp32_dot_precision=self.target.fp32_dot_precisions[0],
             dot_sum_precision=self.target.dot_sum_precision,
             launch_options=self.target.compile_options,
+            exact_softmax_shift=self.target.aot_backend in _FP_FUSION_BACKENDS,
         )
 
     def printings(self, plan: Plan, topts: TritonOptions) -> dict[str, TritonOptions]:

@@ -163,6 +163,11 @@ class TritonOptions:
     printed as a batched ``tl.dot`` on the 3-d tiles instead of reshaping them to 2-d: Triton
     builds with assertions reject some of those reshapes in pipelined loops (a softmax over
     the dot's rows between two dots), and the batched form uses other matrix instructions.
+    ``exact_softmax_shift``: kernels with a safe-softmax group or a shift carry are compiled
+    without multiply-add contraction (``enable_fp_fusion=False``; for Triton backends that
+    have the option): contracted, ``s * c - max(s * c)`` is ``fma(s, c, -max)``, which at
+    scores of 1e8 misses zero by tens at the maximum itself, so every weight of the row
+    underflows and the row divides zero by zero.
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -182,6 +187,7 @@ class TritonOptions:
     launch_options: tuple[tuple[str, int], ...] = ()
     eager_library: bool = False
     batched_unit_dot: bool = False
+    exact_softmax_shift: bool = False
 
     def key(self) -> str:
         key = (
@@ -200,6 +206,8 @@ class TritonOptions:
             key += ";eager"
         if self.batched_unit_dot:
             key += ";batched"
+        if self.exact_softmax_shift:
+            key += ";exactshift"
         return key
 
 
@@ -1501,6 +1509,12 @@ _HELPERS = {
 }
 
 
+def _exact_shift(k: GeneratedKernel, opts: TritonOptions) -> bool:
+    """Whether ``k`` is compiled without multiply-add contraction (see
+    ``TritonOptions.exact_softmax_shift``)."""
+    return opts.exact_softmax_shift and (bool(k.safe_softmax) or k.shift_carry is not None)
+
+
 def generate_triton(plan: object, options: TritonOptions | None = None) -> TritonSource:
     """Print ``plan`` (any form :func:`parse_plan` accepts) as a Triton module."""
     p = parse_plan(plan)
@@ -1542,6 +1556,8 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
         }
         if opts.launch_options:
             info["options"] = dict(opts.launch_options)
+        if _exact_shift(k, opts):
+            info["options"] = {**dict(opts.launch_options), "enable_fp_fusion": False}
         if n_split > 1:
             kernel_blocks.append(pr.print_split(n_split, opts.last_block_combine))
             gx, gy, gz = k.grid
@@ -1581,6 +1597,8 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
         args = ", ".join(names[b] for b in printers[k.name].params)
         extra = ", launch_pdl=True" if opts.pdl else ""
         extra += "".join(f", {name}={value!r}" for name, value in opts.launch_options)
+        if _exact_shift(k, opts):
+            extra += ", enable_fp_fusion=False"
         n_split = splits.get(k.name, 1)
         if n_split == 1:
             return [
