@@ -703,6 +703,30 @@ mod masked_tests {
     }
 
     #[test]
+    fn the_cost_profile_charges_the_padded_edge_tile() {
+        // N = 100 over 7 blocks costs the compute of 7 tiles of 15 (105 columns) like its
+        // dividing twin N = 105, while the inputs it reads stay those of N = 100.
+        let profile = |n: i64| {
+            let g = fused_gated([40, 64, n], [7, 1], 4, BinaryOp::Mul);
+            let crate::kernel_graph::KernelOpKind::Customized { graph, .. } = &g.ops()[3].kind
+            else {
+                panic!("op 3 is the customized op");
+            };
+            crate::plan::block_profile(graph, &[4, 4, 4], &[4], false)
+        };
+        let (masked, twin) = (profile(100), profile(105));
+        let flops = |p: &crate::cost::KernelProfile| -> f64 {
+            p.matmuls.iter().map(|m| m.flops).sum::<f64>() + p.other_flops
+        };
+        assert_eq!(masked.blocks, twin.blocks);
+        assert_eq!(flops(&masked), flops(&twin));
+        let read = |p: &crate::cost::KernelProfile| -> f64 {
+            p.reads.iter().map(|r| r.unique_bytes).sum::<f64>()
+        };
+        assert!(read(&masked) < read(&twin));
+    }
+
+    #[test]
     fn masked_rms_norm_rows_match_target() {
         // RMSNorm + Linear with the rows (M = 37) over 5 blocks of 8 and N = 48 over 3.
         let mut plain = KernelGraph::new();
