@@ -669,6 +669,23 @@ mod tests {
     }
 
     #[test]
+    fn a_masked_edge_tile_is_verified_at_whole_tiles() {
+        // M = 250 over 16 blocks of 16 (the last owns 10), N = 300 over 19 blocks of 16 (the
+        // last owns 12): the twin keeps the tiles and runs whole ones only.
+        let target = rmsnorm_linear(250, 64, 300);
+        let v = Verifier::new(&target, 2, 3, true).unwrap();
+        let good = fused(250, 64, 300, [16, 19], "div");
+        let reduced = v.reduced_extents(&good);
+        assert_eq!(reduced.len(), 2, "{reduced:?}");
+        assert!(reduced.iter().all(|&(_, e)| e % 16 == 0 && e >= 32), "{reduced:?}");
+        assert!(v.matches(&good));
+        assert!(Verifier::new(&target, 2, 3, false).unwrap().matches(&good));
+        let wrong = fused(250, 64, 300, [16, 19], "mul");
+        assert!(!v.matches(&wrong));
+        assert!(!Verifier::new(&target, 2, 3, false).unwrap().matches(&wrong));
+    }
+
+    #[test]
     fn a_whole_dim_is_kept_and_the_rest_reduced() {
         let target = rmsnorm_linear(256, 64, 192);
         let v = Verifier::new(&target, 2, 3, true).unwrap();
