@@ -677,7 +677,10 @@ mod tests {
         let good = fused(250, 64, 300, [16, 19], "div");
         let reduced = v.reduced_extents(&good);
         assert_eq!(reduced.len(), 2, "{reduced:?}");
-        assert!(reduced.iter().all(|&(_, e)| e % 16 == 0 && e >= 32), "{reduced:?}");
+        assert!(
+            reduced.iter().all(|&(_, e)| e % 16 == 0 && e >= 32),
+            "{reduced:?}"
+        );
         assert!(v.matches(&good));
         assert!(Verifier::new(&target, 2, 3, false).unwrap().matches(&good));
         let wrong = fused(250, 64, 300, [16, 19], "mul");
