@@ -51,8 +51,6 @@ ALL_NAMES = {
     "triton_fine_deep",
     "triton_split_scaled",
     "triton_scaled",
-    "triton_batched",
-    "triton_split_batched",
 }
 
 

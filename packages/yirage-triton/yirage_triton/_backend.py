@@ -377,14 +377,6 @@ class TritonBackend(Backend):
             base = out.get("triton_split", topts)
             scaled = "triton_split_scaled" if "triton_split" in out else "triton_scaled"
             out[scaled] = dataclasses.replace(base, scale_after_dot=True)
-        # one head per block as batched 3-d dots (a plan without such a dot prints the same
-        # text): the 2-d reshapes of a softmax between two dots fail some Triton builds
-        if live and t.tries("batched"):
-            out["triton_batched"] = dataclasses.replace(topts, batched_unit_dot=True)
-            if "triton_split" in out:
-                out["triton_split_batched"] = dataclasses.replace(
-                    out["triton_split"], batched_unit_dot=True
-                )
         # the baseline as PyTorch eager runs it (16-bit intermediates; see _host)
         if is_library_plan(plan):
             out["triton_eager"] = dataclasses.replace(topts, eager_library=True)

@@ -159,10 +159,6 @@ class TritonOptions:
     in ``KERNELS`` (AMD: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``).
     ``eager_library``: a plan of library kernels alone runs as PyTorch eager runs the graph (see
     :mod:`yirage_triton._host`); the backend profiles it as a variant of its own.
-    ``batched_unit_dot``: a matmul of 3-d tiles whose batch dim is 1 (one head per block) is
-    printed as a batched ``tl.dot`` on the 3-d tiles instead of reshaping them to 2-d: Triton
-    builds with assertions reject some of those reshapes in pipelined loops (a softmax over
-    the dot's rows between two dots), and the batched form uses other matrix instructions.
     ``exact_softmax_shift``: kernels with a safe-softmax group or a shift carry are compiled
     without multiply-add contraction (``enable_fp_fusion=False``; for Triton backends that
     have the option): contracted, ``s * c - max(s * c)`` is ``fma(s, c, -max)``, which at
@@ -186,7 +182,6 @@ class TritonOptions:
     dot_sum_precision: str = "tf32"
     launch_options: tuple[tuple[str, int], ...] = ()
     eager_library: bool = False
-    batched_unit_dot: bool = False
     exact_softmax_shift: bool = False
 
     def key(self) -> str:
@@ -204,8 +199,6 @@ class TritonOptions:
             key += f";launch={list(self.launch_options)}"
         if self.eager_library:
             key += ";eager"
-        if self.batched_unit_dot:
-            key += ";batched"
         if self.exact_softmax_shift:
             key += ";exactshift"
         return key
@@ -783,8 +776,6 @@ class _KernelPrinter:
         out = self.pdims[o.id]
         nb = math.prod(batch)
         if len(batch) == 0:
-            return f"tl.dot({xa}, {xb}{', ' + acc if acc else ''}{kw})"
-        if nb == 1 and len(batch) == 1 and self.opts.batched_unit_dot:
             return f"tl.dot({xa}, {xb}{', ' + acc if acc else ''}{kw})"
         if nb == 1:
             a2, b2 = f"tl.reshape({xa}, [{m}, {kk}])", f"tl.reshape({xb}, [{kk}, {n}])"

@@ -17,11 +17,8 @@ __all__ = ["VARIANT_FAMILIES", "TritonTarget"]
 #: as many ways, ``deep`` deeper pipelines ("triton_deep", "triton_split_deep"), ``fine``
 #: finer loop chunks under deeper pipelines ("triton_fine", "triton_fine_deep"), ``scaled``
 #: a normalised dot operand multiplied raw and the product scaled ("triton_scaled" /
-#: "triton_split_scaled"), ``batched`` matmuls of one head per block as batched 3-d dots
-#: ("triton_batched", "triton_split_batched").
-VARIANT_FAMILIES = frozenset(
-    {"split", "split_half", "split_quarter", "deep", "fine", "scaled", "batched"}
-)
+#: "triton_split_scaled").
+VARIANT_FAMILIES = frozenset({"split", "split_half", "split_quarter", "deep", "fine", "scaled"})
 
 
 @dataclass(frozen=True)
