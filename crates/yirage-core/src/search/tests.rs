@@ -647,3 +647,19 @@ fn shards_merge_to_the_local_search() {
     let e = search_shard(&target, &spec, &c, &SearchControl::default(), 2, 2).unwrap_err();
     assert!(e.to_string().contains("shard index 2"), "{e}");
 }
+
+#[test]
+fn masked_edge_tiles_leave_a_slot_to_a_divisible_candidate() {
+    // 5000 columns: the model's best are one-kernel programs with a masked last block, a
+    // kind of tile it has no measurements of; one of the top-k is left to another program
+    let target = rmsnorm_linear(8, 4000, 5000);
+    let cfg = SearchConfig { top_k: 4, ..cfg() };
+    let r = run(&target, &DeviceSpec::h100(), &cfg);
+    let fused: Vec<_> = r.candidates.iter().filter(|c| !c.baseline).collect();
+    assert_eq!(fused.len(), 4);
+    assert!(has_masked_tiles(&fused[0].graph));
+    assert_eq!(
+        fused.iter().filter(|c| has_masked_tiles(&c.graph)).count(),
+        3
+    );
+}
