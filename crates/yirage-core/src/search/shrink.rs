@@ -700,4 +700,36 @@ mod tests {
         assert_eq!(v.reduced_extents(&target), vec![(192, 48), (256, 32)]);
         assert!(v.matches(&target));
     }
+
+    /// One-kernel attention over 32 heads (one per block along grid x), 128 query rows in
+    /// two 64-row blocks, 128 keys walked in two 64-key tiles.
+    fn one_kernel_attention() -> KernelGraph {
+        let doc = r#"{"format":"yirage.kernel_graph","version":1,"ops":[
+            {"op":"input","dims":[32,128,64],"dtype":"float32"},
+            {"op":"input","dims":[32,64,128],"dtype":"float32"},
+            {"op":"input","dims":[32,128,64],"dtype":"float32"},
+            {"op":"customized","inputs":[0,1,2],"block_graph":{"grid_dim":[32,2,1],
+              "block_dim":[128,1,1],"forloop_range":2,"reduction_dimx":1,"ops":[
+              {"op":"input","dims":[32,128,64],"dtype":"float32","imap":[0,1,-1],"fmap":-1},
+              {"op":"input","dims":[32,64,128],"dtype":"float32","imap":[0,-1,-1],"fmap":2},
+              {"op":"input","dims":[32,128,64],"dtype":"float32","imap":[0,-1,-1],"fmap":1},
+              {"op":"matmul","a":0,"b":1},
+              {"op":"unary","kind":"exp","x":3,"params":[]},
+              {"op":"matmul","a":4,"b":2},
+              {"op":"forloop_accum","x":5,"acc":null,"eps":0.0},
+              {"op":"forloop_accum","x":4,"acc":"sum","eps":0.0},
+              {"op":"binary","kind":"div","a":6,"b":7}],
+              "outputs":[{"x":8,"omap":[0,1,-1]}]}}],"outputs":[3]}"#;
+        from_json(doc).expect("candidate builds")
+    }
+
+    #[test]
+    fn heads_one_per_block_are_verified_at_four() {
+        let target = crate::search::tests::attention(32, 128, 64, 128);
+        let v = Verifier::new(&target, 2, 3, true).unwrap();
+        let good = one_kernel_attention();
+        // the query rows (two blocks of 64) stay: 128 is the smallest extent keeping both
+        assert_eq!(v.reduced_extents(&good), vec![(32, 4)]);
+        assert!(v.matches(&good));
+    }
 }
