@@ -3,7 +3,7 @@
 //! Abstract expressions do not say which index a matmul contracts, so where two dims of a
 //! graph have equal extents the search builds programs that contract, split or walk the
 //! wrong one: in self-attention (as many keys as query rows) `Kt · Q` type-checks, and a
-//! loop over the head dim of `Q` may also walk the head dim of `V`. Fingerprints reject
+//! loop over the feature dim of `Q` may also walk the feature dim of `V`. Fingerprints reject
 //! them, but each test is a full evaluation in the finite field: at prefill sizes these
 //! programs, often predicted cheaper, used up the verification budget before the right
 //! ones were reached.
