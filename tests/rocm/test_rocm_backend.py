@@ -67,11 +67,16 @@ def test_printing_carries_the_options_and_no_tf32() -> None:
     opts = dataclasses.replace(be.default_options(plan), scale_after_dot=True)
     code = yirage_triton.generate_triton(plan, opts).text
     launches = [ln for ln in code.splitlines() if "num_warps=" in ln]
+    # attention: its kernels also compile without multiply-add contraction
     assert launches and all(
-        "waves_per_eu=0, matrix_instr_nonkdim=16, kpack=1" in ln for ln in launches
+        "waves_per_eu=0, matrix_instr_nonkdim=16, kpack=1, enable_fp_fusion=False" in ln
+        for ln in launches
     )
     assert "input_precision='ieee'" in code and "tf32" not in code and "launch_pdl" not in code
-    assert "'options': {'waves_per_eu': 0, 'matrix_instr_nonkdim': 16, 'kpack': 1}" in code
+    assert (
+        "'options': {'waves_per_eu': 0, 'matrix_instr_nonkdim': 16, 'kpack': 1, "
+        "'enable_fp_fusion': False}" in code
+    )
 
 
 # -- device specs ------------------------------------------------------------------------------
