@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from yirage.plugin import DeviceSpec, ProbeResult
-
 sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 import plans
+from _interp_backend import interp_backend
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
@@ -38,29 +37,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _backend(**options: Any) -> Any:
-    """A thin Triton backend run by the interpreter, printing with ``options``."""
-    from yirage_triton import TritonBackend, TritonOptions, TritonTarget
-
-    class Interp(TritonBackend):
-        name = "attentiontest"
-
-        def probe_device(self) -> ProbeResult:
-            return ProbeResult(False, "no test device: use interpret=True")
-
-        def live_device_spec(self) -> DeviceSpec:
-            raise self._unavailable("no test device")
-
-        def interpreter_spec(self) -> DeviceSpec:
-            raise self._unavailable("not needed by these tests")
-
-        def compute_units(self) -> int:
-            return 132
-
-        def smem_limit(self) -> int | None:
-            return 227 * 1024
-
-    Interp.target = TritonTarget("attentiontest", "cuda", variant_families=frozenset())
-    return Interp(interpret=True, triton_options=TritonOptions(**options))
+    return interp_backend("attentiontest", **options)
 
 
 def _run(case: plans.Case, xs: list[np.ndarray], **options: Any) -> tuple[np.ndarray, str]:

@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 from _search_graphs import H100
 
-from yirage.plugin import DeviceSpec, ProbeResult
-
 sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 import plans
+from _interp_backend import interp_backend
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
@@ -37,29 +36,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _backend() -> Any:
-    """A thin Triton backend run by the interpreter."""
-    from yirage_triton import TritonBackend, TritonTarget
-
-    class Interp(TritonBackend):
-        name = "groupedtest"
-
-        def probe_device(self) -> ProbeResult:
-            return ProbeResult(False, "no test device: use interpret=True")
-
-        def live_device_spec(self) -> DeviceSpec:
-            raise self._unavailable("no test device")
-
-        def interpreter_spec(self) -> DeviceSpec:
-            raise self._unavailable("not needed by these tests")
-
-        def compute_units(self) -> int:
-            return 132
-
-        def smem_limit(self) -> int | None:
-            return 227 * 1024
-
-    Interp.target = TritonTarget("groupedtest", "cuda", variant_families=frozenset())
-    return Interp(interpret=True)
+    return interp_backend("groupedtest")
 
 
 def _rms(x: np.ndarray, eps: float) -> np.ndarray:

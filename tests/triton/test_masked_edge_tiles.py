@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _interp_backend import interp_backend
 from _search_graphs import H100
 
 import yirage as yr
 from yirage.plan import GeneratedKernel, parse_plan
-from yirage.plugin import DeviceSpec, ProbeResult
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
@@ -39,29 +39,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _backend() -> Any:
-    """A thin Triton backend run by the interpreter."""
-    from yirage_triton import TritonBackend, TritonTarget
-
-    class Interp(TritonBackend):
-        name = "maskedtest"
-
-        def probe_device(self) -> ProbeResult:
-            return ProbeResult(False, "no test device: use interpret=True")
-
-        def live_device_spec(self) -> DeviceSpec:
-            raise self._unavailable("no test device")
-
-        def interpreter_spec(self) -> DeviceSpec:
-            raise self._unavailable("not needed by these tests")
-
-        def compute_units(self) -> int:
-            return 132
-
-        def smem_limit(self) -> int | None:
-            return 227 * 1024
-
-    Interp.target = TritonTarget("maskedtest", "cuda", variant_families=frozenset())
-    return Interp(interpret=True)
+    return interp_backend("maskedtest")
 
 
 def gated_mlp(b: int, h: int, n: int, dt: Any = yr.float32) -> yr.KernelGraph:
