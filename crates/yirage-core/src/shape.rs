@@ -103,6 +103,18 @@ pub fn norm_dim(what: &str, dim: i64, rank: usize) -> Result<usize> {
     })
 }
 
+/// Could `matmul_dims` accept these operands? (Checked before calling it: it formats its
+/// error messages, and the search asks millions of times.)
+pub fn matmul_fits(a: &[usize], b: &[usize]) -> bool {
+    let r = a.len();
+    r >= 2 && b.len() == r && a[..r - 2] == b[..r - 2] && a[r - 1] == b[r - 2]
+}
+
+/// Could `broadcast_dims` accept these operands? (Equal-rank size-1 broadcasting.)
+pub fn broadcast_fits(a: &[usize], b: &[usize]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x == y || x == 1 || y == 1)
+}
+
 /// Output dims of `A · B` (see module doc for the rule).
 pub fn matmul_dims(what: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
     // formatted only on error: the search calls this for every candidate matmul

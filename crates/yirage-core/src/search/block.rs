@@ -26,13 +26,14 @@
 //! smallest key), so the enumeration is complete while most permutations are skipped.
 //! Identical tiles (same expression, dims and phase) are never built twice.
 
+use super::dims::{self, Labels};
 use super::expr::{AbsVal, LookupBuilder};
 use super::lift::{lift_accum, lift_binary, lift_matmul, lift_rms_norm, lift_unary};
 use super::{Run, Vocab};
 use crate::dtype::DType;
 use crate::kernel_graph::{KernelGraph, KernelOpKind};
 use crate::ops::{AccumKind, BinaryOp, UnaryOp};
-use crate::shape::{broadcast_dims, keepdim_dims, matmul_dims, Dims};
+use crate::shape::{broadcast_dims, broadcast_fits, keepdim_dims, matmul_dims, matmul_fits, Dims};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -49,6 +50,8 @@ pub struct KIn {
     pub dtype: DType,
     /// Bytes per element of its buffer (for the cost model).
     pub elem_bytes: usize,
+    /// The target class of each dim ([`Labels`]).
+    pub labels: Labels,
 }
 
 /// An abstract block op (operands are tile ids; inputs come first).
@@ -109,6 +112,8 @@ pub struct BTile {
     /// ops linear in it): the only tiles an iteration accumulator may take, since
     /// accumulating anything else is either a copy (no loop) or wrong (with a loop).
     pub summable: bool,
+    /// The target class of each dim ([`Labels`]).
+    pub labels: Labels,
 }
 
 /// A complete abstract program: every input used, every loop tile consumed, outputs =
@@ -205,6 +210,7 @@ pub fn enumerate(
                 dims: k.value_dims.clone(),
                 after: false,
                 summable: k.chunks.is_some(),
+                labels: k.labels.clone(),
             })
             .collect(),
         uses: vec![0; n],
@@ -795,6 +801,13 @@ fn resolve(st: &BState, pre: &mut Vec<(BOp, BTile)>, v: &View) -> (usize, usize)
             VKind::RmsNorm(x) => BOp::RmsNorm(id(x)),
         };
         let o = &v.ops[i];
+        // a step keeps its base's dims or reduces some of them to 1
+        let labels = o
+            .dims
+            .iter()
+            .zip(&st.tiles[v.base].labels)
+            .map(|(&d, &l)| l.filter(|_| d > 1))
+            .collect();
         pre.push((
             op,
             BTile {
@@ -802,6 +815,7 @@ fn resolve(st: &BState, pre: &mut Vec<(BOp, BTile)>, v: &View) -> (usize, usize)
                 dims: o.dims.clone(),
                 after: false,
                 summable: o.summable,
+                labels,
             },
         ));
         ids[i] = n + pre.len() - 1;
@@ -963,6 +977,21 @@ fn moves(
         {
             continue;
         }
+        // a view keeps its base's dims, so it has the base's labels
+        let lab = |i: usize| st.tiles[vs[i].base].labels.as_slice();
+        let labels = match c {
+            Cand::Matmul(a, b) => dims::matmul_labels(lab(a), lab(b)),
+            Cand::Binary(_, a, b) => dims::join(lab(a), lab(b)),
+            Cand::Unary(_, x) | Cand::RmsNorm(x) | Cand::Accum(x, AccumKind::Iter) => {
+                Some(lab(x).to_vec())
+            }
+            Cand::Reduction(x, d) => Some(dims::reduced(lab(x), d)),
+            Cand::Accum(x, _) => Some(dims::reduced(lab(x), lab(x).len().saturating_sub(1))),
+        };
+        let Some(labels) = labels else {
+            run.count_mixed();
+            continue;
+        };
         let summable = match c {
             Cand::Matmul(..) | Cand::Reduction(..) => true,
             Cand::Unary(u, x) => v(x).summable && matches!(u, UnaryOp::Neg | UnaryOp::MulScalar(_)),
@@ -1004,22 +1033,11 @@ fn moves(
                 dims,
                 after,
                 summable,
+                labels,
             },
             key,
             charge,
         });
     }
     out
-}
-
-/// Could `matmul_dims` accept these operands? (Checked before calling it: it formats its
-/// error messages, and the search asks millions of times.)
-fn matmul_fits(a: &[usize], b: &[usize]) -> bool {
-    let r = a.len();
-    r >= 2 && b.len() == r && a[..r - 2] == b[..r - 2] && a[r - 1] == b[r - 2]
-}
-
-/// Could `broadcast_dims` accept these operands? (Equal-rank size-1 broadcasting.)
-fn broadcast_fits(a: &[usize], b: &[usize]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x == y || x == 1 || y == 1)
 }

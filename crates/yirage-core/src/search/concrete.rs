@@ -21,6 +21,7 @@
 //! only thing later kernel ops depend on) and kept best-first.
 
 use super::block::{BOp, BlockProgram, KIn};
+use super::dims::{self, Labels};
 use super::Run;
 use crate::block_graph::BlockGraph;
 use crate::cost::kernel_cost;
@@ -838,6 +839,10 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
     let Some(an) = analyse(prog, ins) else {
         return vec![];
     };
+    let Some(class_labels) = class_labels(prog, &an) else {
+        run.count_mixed();
+        return vec![];
+    };
     let gpu = run.spec.is_streaming_gpu();
     // a GPU runs its blocks in waves: prefill-sized grids (attention over 4096 query rows
     // in 128-row tiles for 32 heads is 1024 blocks) need several waves' worth
@@ -892,6 +897,10 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         }
         run.count_concretisation();
         let any_loop = pat.iter().any(|k| matches!(k, Kind::Loop | Kind::GridLoop));
+        if walks_apart(pat, &class_labels) {
+            run.count_mixed();
+            continue;
+        }
         let rep_f = chunk_f.first().copied().unwrap_or(2);
         let rep: Vec<Assign> = pat
             .iter()
@@ -1058,6 +1067,36 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         }
     }
     groups
+}
+
+/// The label of every class of `an` ([`Labels`]): the tiles' labels, met over the classes
+/// the program's ops form. None when a class links dims the target keeps apart, a link the
+/// labels carried forward op by op may not have seen (two unlabelled dims joined first).
+fn class_labels(prog: &BlockProgram, an: &Analysis) -> Option<Labels> {
+    let mut out: Labels = vec![None; an.classes.len()];
+    for (row, tile) in an.cls.iter().zip(&prog.tiles) {
+        for (c, &l) in row.iter().zip(&tile.labels) {
+            if let Some(c) = *c {
+                out[c] = dims::meet(out[c], l)?;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Does the for-loop of `pat` walk classes of different labels in step? (The loop links
+/// every dim it walks.)
+fn walks_apart(pat: &[Kind], labels: &[Option<usize>]) -> bool {
+    let mut walked = None;
+    for (k, &l) in pat.iter().zip(labels) {
+        if matches!(k, Kind::Loop | Kind::GridLoop) {
+            match dims::meet(walked, l) {
+                Some(w) => walked = w,
+                None => return true,
+            }
+        }
+    }
+    false
 }
 
 /// Enumerate assignments class by class; returns false to stop.

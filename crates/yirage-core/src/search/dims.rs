@@ -247,6 +247,13 @@ impl TargetClasses {
         TargetClasses(boundary_classes(target))
     }
 
+    /// The labels of input `i`'s `rank` dims (all None when the target is not judged).
+    pub fn input_labels(&self, i: usize, rank: usize) -> Labels {
+        (0..rank)
+            .map(|j| self.0.as_ref()?.get(&(false, i, j)).copied())
+            .collect()
+    }
+
     /// Does `candidate` put two input or output dims in one class where the target keeps
     /// them apart? False when either graph is outside the vocabulary (not judged).
     pub fn mixes(&self, candidate: &KernelGraph) -> bool {
@@ -267,6 +274,63 @@ impl TargetClasses {
         }
         false
     }
+}
+
+/// Per dim of a tensor or tile the enumeration builds: the target class of an input dim
+/// it is linked to (None: extent 1, or linked to none yet). The enumeration carries labels
+/// forward through every op it appends and drops an op that links two dims of different
+/// classes: the rule [`TargetClasses::mixes`] applies to whole candidates, applied before
+/// anything is built below the op. Classes only grow as ops are added, so a dropped op
+/// could only have led to candidates that `mixes` rejects.
+pub type Labels = Vec<Option<usize>>;
+
+/// The label of two linked dims; None when they belong to different classes.
+pub fn meet(a: Option<usize>, b: Option<usize>) -> Option<Option<usize>> {
+    match (a, b) {
+        (Some(x), Some(y)) if x != y => None,
+        _ => Some(a.or(b)),
+    }
+}
+
+/// Labels of an elementwise op over equal-rank operands (a broadcast dim has extent 1,
+/// hence no label); None when the op links different classes.
+pub fn join(a: &[Option<usize>], b: &[Option<usize>]) -> Option<Labels> {
+    if a.len() != b.len() {
+        return Some(vec![None; a.len().max(b.len())]);
+    }
+    a.iter().zip(b).map(|(&x, &y)| meet(x, y)).collect()
+}
+
+/// Labels of `a · b` (equal ranks): batch dims linked, rows from `a`, columns from `b`;
+/// None when the contracted pair or a batch dim links different classes.
+pub fn matmul_labels(a: &[Option<usize>], b: &[Option<usize>]) -> Option<Labels> {
+    let r = a.len();
+    if r < 2 || b.len() != r {
+        return Some(vec![None; r]);
+    }
+    meet(a[r - 1], b[r - 2])?;
+    let mut out = join(&a[..r - 2], &b[..r - 2])?;
+    out.extend([a[r - 2], b[r - 1]]);
+    Some(out)
+}
+
+/// `x`'s labels with dim `d` reduced to extent 1.
+pub fn reduced(x: &[Option<usize>], d: usize) -> Labels {
+    let mut out = x.to_vec();
+    if let Some(l) = out.get_mut(d) {
+        *l = None;
+    }
+    out
+}
+
+/// Labels of `x` scaled by a weight over its trailing dims (rms_norm's); None on a mix.
+pub fn with_trailing(x: &[Option<usize>], w: &[Option<usize>]) -> Option<Labels> {
+    let mut out = x.to_vec();
+    let lead = x.len().checked_sub(w.len())?;
+    for (o, &l) in out[lead..].iter_mut().zip(w) {
+        *o = meet(*o, l)?;
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -379,6 +443,31 @@ mod tests {
         // axis that cuts K must not pair K with the rows
         let (target, candidate) = split_k_matmul();
         assert!(!TargetClasses::of(&target).mixes(&candidate));
+    }
+
+    #[test]
+    fn labels_refuse_links_between_classes() {
+        // self-attention: Q[h,m,d], Kt[h,d,n], V[h,n,d] with m = n and V's d its own class
+        let t = TargetClasses::of(&attention(4, 512, 64, 512));
+        let (q, kt, v) = (
+            t.input_labels(0, 3),
+            t.input_labels(1, 3),
+            t.input_labels(2, 3),
+        );
+        let s = matmul_labels(&q, &kt).expect("Q·Kt links d with d");
+        assert_eq!(s, vec![q[0], q[1], kt[2]]);
+        assert!(
+            matmul_labels(&kt, &q).is_none(),
+            "Kt·Q contracts keys with query rows"
+        );
+        assert!(matmul_labels(&s, &v).is_some());
+        assert!(join(&q, &v).is_none(), "Q's d and V's d are different dims");
+        // a reduced dim has extent 1 and links nothing
+        let r = reduced(&s, 2);
+        assert_eq!(r[2], None);
+        assert_eq!(join(&r, &s), Some(s.clone()));
+        assert!(with_trailing(&q, &[kt[1]]).is_some());
+        assert!(with_trailing(&q, &[v[2]]).is_none());
     }
 
     #[test]

@@ -11,12 +11,13 @@
 
 use super::block::{enumerate, BlockProgram, KIn};
 use super::concrete::{concretise, Group};
+use super::dims::{self, Labels};
 use super::expr::{AbsVal, LookupBuilder};
 use super::lift::{lift_binary, lift_matmul, lift_rms_norm, lift_unary};
 use super::{Run, Vocab};
 use crate::dtype::DType;
 use crate::ops::{BinaryOp, UnaryOp};
-use crate::shape::{broadcast_dims, keepdim_dims, matmul_dims, Dims};
+use crate::shape::{broadcast_dims, broadcast_fits, keepdim_dims, matmul_dims, matmul_fits, Dims};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,8 @@ pub struct KTensor {
     pub chunks: Option<(usize, usize)>,
     /// Bytes per element of its buffer (dtype for graph inputs, fp32 for intermediates).
     pub elem_bytes: usize,
+    /// The target class of each dim ([`Labels`]).
+    pub labels: Labels,
 }
 
 /// A library op over state tensors.
@@ -107,7 +110,7 @@ pub struct Skeleton {
 pub const MAX_GROUPS: usize = 4;
 
 type MemoKey = (
-    Vec<(AbsVal, Dims, Option<(usize, usize)>, DType, usize)>,
+    Vec<(AbsVal, Dims, Option<(usize, usize)>, DType, usize, Labels)>,
     bool,
 );
 type Programs = Arc<Vec<(Arc<BlockProgram>, Vec<Arc<Group>>)>>;
@@ -138,7 +141,16 @@ fn programs_for(
 ) -> Programs {
     let key: MemoKey = (
         ins.iter()
-            .map(|k| (k.abs, k.dims.clone(), k.chunks, k.dtype, k.elem_bytes))
+            .map(|k| {
+                (
+                    k.abs,
+                    k.dims.clone(),
+                    k.chunks,
+                    k.dtype,
+                    k.elem_bytes,
+                    k.labels.clone(),
+                )
+            })
             .collect(),
         last,
     );
@@ -345,6 +357,21 @@ fn complete(run: &Run, st: &KState) -> Option<Skeleton> {
     })
 }
 
+/// The labels of a library op's output over `ts`; None when it links dims of different
+/// classes (see [`Labels`]).
+fn lib_labels(op: &LibOp, ts: &[KTensor]) -> Option<Labels> {
+    let l = |i: usize| ts[i].labels.as_slice();
+    match op {
+        LibOp::Matmul(a, b) => dims::matmul_labels(l(*a), l(*b)),
+        LibOp::Binary(_, a, b) => dims::join(l(*a), l(*b)),
+        LibOp::Unary(_, x) | LibOp::Softmax(x, _) | LibOp::RmsNorm { x, w: None, .. } => {
+            Some(l(*x).to_vec())
+        }
+        LibOp::RmsNorm { x, w: Some(w), .. } => dims::with_trailing(l(*x), l(*w)),
+        LibOp::Reduction(x, d) => Some(dims::reduced(l(*x), *d)),
+    }
+}
+
 fn lib_key(op: &LibOp) -> MoveKey {
     let ops = op.operands();
     let (code, param) = match op {
@@ -415,7 +442,12 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
     let mut cands: Vec<(LibOp, AbsVal, Dims)> = vec![];
     for a in (0..n).filter(|&a| plain(a)) {
         for b in (0..n).filter(|&b| plain(b)) {
-            if let Ok(d) = matmul_dims("", &t(a).dims, &t(b).dims) {
+            // the fit checks first: the shape functions format their error messages
+            let fits = matmul_fits(&t(a).dims, &t(b).dims);
+            if let Some(d) = fits
+                .then(|| matmul_dims("", &t(a).dims, &t(b).dims).ok())
+                .flatten()
+            {
                 cands.push((
                     LibOp::Matmul(a, b),
                     lift_matmul(&mut lb, t(a).abs, t(b).abs),
@@ -424,6 +456,9 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
             }
             for &op in &vocab.binary {
                 if matches!(op, BinaryOp::Add | BinaryOp::Mul) && a > b {
+                    continue;
+                }
+                if !broadcast_fits(&t(a).dims, &t(b).dims) {
                     continue;
                 }
                 if let Ok(d) = broadcast_dims("", &t(a).dims, &t(b).dims) {
@@ -520,6 +555,10 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
         if exists(abs, &dims, None) {
             continue;
         }
+        let Some(labels) = lib_labels(&op, &st.tensors) else {
+            run.count_mixed();
+            continue;
+        };
         let outs = vec![KTensor {
             value_dims: dims.clone(),
             dims,
@@ -527,6 +566,7 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
             abs,
             chunks: None,
             elem_bytes: crate::plan::INTERMEDIATE_BYTES,
+            labels,
         }];
         out.push(Move {
             op: KOp::Lib(op),
@@ -581,6 +621,7 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
                     chunks: t(i).chunks,
                     dtype: t(i).dtype,
                     elem_bytes: t(i).elem_bytes,
+                    labels: t(i).labels.clone(),
                 })
                 .collect();
             let progs = programs_for(run, vocab, memo, &ins, last_op, goal.as_ref());
@@ -603,6 +644,11 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
                             fresh = false;
                             break;
                         }
+                        // a dim holding partial chunks indexes chunks and rows together
+                        let mut labels = prog.tiles[o].labels.clone();
+                        if let Some((j, _)) = chunks {
+                            labels = dims::reduced(&labels, j);
+                        }
                         outs.push(KTensor {
                             value_dims: prog.tiles[o].dims.clone(),
                             dims,
@@ -610,6 +656,7 @@ fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
                             abs,
                             chunks,
                             elem_bytes: crate::plan::INTERMEDIATE_BYTES,
+                            labels,
                         });
                     }
                     if !fresh {

@@ -29,7 +29,7 @@
 pub mod block;
 pub mod budget;
 pub mod concrete;
-mod dims;
+pub(crate) mod dims;
 pub mod expr;
 pub mod kernel;
 pub mod lift;
@@ -619,9 +619,13 @@ pub struct Run {
     pub spec: DeviceSpec,
     pub target: TargetExprs,
     pub target_output_dims: Vec<Dims>,
+    /// The target's index classes, whose labels the enumeration carries ([`dims::Labels`]).
+    pub index_classes: dims::TargetClasses,
     ctl: SearchControl,
     dfs_deadline: Option<Instant>,
     stop: AtomicU8,
+    /// Ops and programs dropped because they link dims the target keeps apart.
+    mixed: AtomicU64,
 }
 
 impl Run {
@@ -683,6 +687,12 @@ impl Run {
             .progress
             .states_pruned
             .fetch_add(1, Ordering::Relaxed);
+    }
+    /// Count an op or program dropped for linking dims the target keeps apart (also a
+    /// pruned state).
+    pub fn count_mixed(&self) {
+        self.mixed.fetch_add(1, Ordering::Relaxed);
+        self.count_pruned();
     }
     pub fn count_concretisation(&self) {
         self.ctl
@@ -957,9 +967,11 @@ fn enumerate_space(
             .iter()
             .map(|&o| target.tensors()[o].dims.clone())
             .collect(),
+        index_classes: dims::TargetClasses::of(target),
         ctl: ctl.clone(),
         dfs_deadline: limit.map(|l| start + l.mul_f64(0.7)),
         stop: AtomicU8::new(0),
+        mixed: AtomicU64::new(0),
     };
     let memo = Memo::default();
     let why = blocked(target, &vocab);
@@ -983,12 +995,19 @@ fn enumerate_space(
                         abs,
                         chunks: None,
                         elem_bytes: dtype.size_bytes(),
+                        labels: run.index_classes.input_labels(i, dims.len()),
                     }
                 })
                 .collect();
             kernel::search_kernels_where(&run, &vocab, &memo, inputs, keep)
         }
     };
+    let mixed = run.mixed.load(Ordering::Relaxed);
+    if mixed > 0 {
+        notes.push(format!(
+            "{mixed} op(s) or block program(s) were cut during the enumeration: they pair dims the graph keeps apart (equal extents let them type-check)"
+        ));
+    }
     let en = Enumerated {
         dfs_stop: run.stop_reason(),
         blocked: why.map(|(w, _)| w),

@@ -262,6 +262,31 @@ fn finds_split_kv_attention() {
     assert_eq!(k0.safe_softmax[0].scale_outputs.len(), 2);
 }
 
+#[test]
+fn self_attention_cuts_mixed_programs_and_keeps_the_fused_kernel() {
+    // as many keys as query rows: programs contracting the wrong dims type-check, and the
+    // enumeration cuts them before they are built
+    let target = attention(2, 128, 64, 128);
+    let spec = DeviceSpec::h100();
+    let r = run(&target, &spec, &cfg());
+    assert!(
+        r.report
+            .notes
+            .iter()
+            .any(|n| n.contains("cut during the enumeration")),
+        "{:?}",
+        r.report.notes
+    );
+    let one = r
+        .candidates
+        .iter()
+        .find(|c| !c.baseline && non_input_ops(&c.graph) == 1)
+        .expect("a one-kernel attention candidate");
+    check_numerics(&target, &one.graph);
+    let classes = dims::TargetClasses::of(&target);
+    assert!(r.candidates.iter().all(|c| !classes.mixes(&c.graph)));
+}
+
 enum PlanKernelRef<'a> {
     Generated(&'a crate::plan::GeneratedKernel),
     Library,
