@@ -21,6 +21,7 @@ Triton interpreter on CPU tensors (no device): that is how CI runs the generated
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import importlib.util
 import os
@@ -474,15 +475,7 @@ class TritonBackend(Backend):
             return
         workers = max(1, min(len(modules) * 2, os.cpu_count() or 1, 32))
         with ThreadPoolExecutor(workers, thread_name_prefix="yirage-triton") as pool:
-            try:
-                with async_mode(pool):
-                    for module in modules.values():
-                        try:
-                            module.warmup(list(inputs))
-                        except Exception as exc:
-                            _log.debug("precompile of %s failed: %s", module.__name__, exc)
-            except Exception as exc:
-                _log.debug("precompile failed: %s", exc)
+            compile_all(async_mode, pool, list(modules.values()), list(inputs))
 
     # -- timing ------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -515,3 +508,34 @@ class TritonBackend(Backend):
         if getattr(one, "interpret", False):
             return None
         return warm_median_us(one, inputs)
+
+
+def compile_all(
+    async_mode: Any, pool: ThreadPoolExecutor, modules: list[Any], inputs: list[Any]
+) -> None:
+    """Warm up (compile) every module's kernels for ``inputs`` under Triton's asynchronous
+    compile mode on ``pool``; failures are left to each kernel's first run to report.
+
+    It runs in a copy of the caller's context: Triton 3.6's mode stays active when a kernel
+    fails to compile (its exit raises before it resets itself), and every later compile on
+    the thread then went to ``pool`` after its shutdown ("cannot schedule new futures after
+    shutdown"), so the next ``superoptimize`` lost all its Triton variants."""
+    contextvars.copy_context().run(_compile_in_mode, async_mode, pool, modules, inputs)
+
+
+def _compile_in_mode(
+    async_mode: Any, pool: ThreadPoolExecutor, modules: list[Any], inputs: list[Any]
+) -> None:
+    try:
+        mode = async_mode(pool, ignore_errors=True)
+    except TypeError:  # a Triton without the option
+        mode = async_mode(pool)
+    try:
+        with mode:
+            for module in modules:
+                try:
+                    module.warmup(inputs)
+                except Exception as exc:
+                    _log.debug("precompile of %s failed: %s", module.__name__, exc)
+    except Exception as exc:
+        _log.debug("precompile failed: %s", exc)
