@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from yirage import _collectives
+from yirage import _collectives, _reference_torch
 from yirage._backend import Backend
 from yirage._errors import NumericCheckError
 from yirage._graph import KernelGraph
@@ -210,15 +210,25 @@ def check_tensors(backend: Backend, graph: KernelGraph, shapes: Shapes, seed: in
     return ranks[0] if shapes.world_size == 1 else ranks
 
 
-def reference_outputs(graph: KernelGraph, shapes: Shapes, tensors: Sequence[Any]) -> list[Any]:
-    """The float64 reference evaluator's outputs, in the kernel's shapes, for ``tensors``
-    (as :func:`check_tensors` returns them: per rank when ``world_size`` > 1)."""
+def reference_outputs(
+    graph: KernelGraph, shapes: Shapes, tensors: Sequence[Any], device: Any = None
+) -> list[Any]:
+    """The float64 reference evaluator's outputs (numpy arrays), in the kernel's shapes, for
+    ``tensors`` (as :func:`check_tensors` returns them: per rank when ``world_size`` > 1).
+
+    A single-device graph whose ``tensors`` are torch tensors on a GPU (or any inputs, given
+    that GPU as ``device``) is evaluated there with torch (``yirage._reference_torch``: the
+    core's formulas, op for op); graphs it does not mirror, a device out of memory, CPU
+    tensors and multi-device graphs run the core evaluator (``KernelGraph.evaluate``)."""
     ws = shapes.world_size
     if ws == 1:
-        arrays = [to_numpy64(t).reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)]
-        return [
-            r.reshape(k) for r, k in zip(graph.evaluate(arrays), shapes.kernel_out, strict=True)
-        ]
+        outs = _on_device(graph, shapes, tensors, device)
+        if outs is None:
+            arrays = [
+                to_numpy64(t).reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)
+            ]
+            outs = graph.evaluate(arrays)
+        return [r.reshape(k) for r, k in zip(outs, shapes.kernel_out, strict=True)]
     stacked = [
         np.stack([to_numpy64(rank[i]).reshape(u) for rank in tensors])
         for i, u in enumerate(shapes.user_in)
@@ -227,6 +237,19 @@ def reference_outputs(graph: KernelGraph, shapes: Shapes, tensors: Sequence[Any]
     return [
         [o[r].reshape(k) for o, k in zip(outs, shapes.kernel_out, strict=True)] for r in range(ws)
     ]
+
+
+def _on_device(
+    graph: KernelGraph, shapes: Shapes, tensors: Sequence[Any], device: Any
+) -> list[np.ndarray] | None:
+    """The reference outputs (the graph's shapes) evaluated with torch on ``device`` (default:
+    that of ``tensors`` where it is a GPU); None where there is none or it refuses."""
+    if device is None:
+        device = _reference_torch.device_of(tensors)
+    if device is None:
+        return None
+    users = [t.reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)]
+    return _reference_torch.evaluate_numpy(graph, users, device)
 
 
 def run_check(

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from yirage import _reference_torch
 from yirage._dtypes import bfloat16_bits
 from yirage._graph import KernelGraph
 from yirage._kernel import TOLERANCES, Shapes, to_numpy64
@@ -56,6 +57,7 @@ __all__ = [
     "exp_stress",
     "extremes_stress",
     "ill_conditioned",
+    "rounded_reference",
     "rounding_bound",
     "stress_error",
     "stress_tolerance",
@@ -124,7 +126,13 @@ def _exp_argument_graph(graph: KernelGraph) -> KernelGraph | None:
     return KernelGraph.from_json(json.dumps(doc))
 
 
-def _peak(probe: KernelGraph, arrays: Sequence[np.ndarray]) -> float:
+def _peak(probe: KernelGraph, arrays: Sequence[np.ndarray], device: Any = None) -> float:
+    """The largest absolute output of ``probe`` (NaN skipped): evaluated with torch on
+    ``device`` (a GPU) where given and mirrored there, else by the core evaluator."""
+    if device is not None:
+        value = _reference_torch.peak(probe, arrays, device)
+        if value is not None:
+            return value
     with np.errstate(all="ignore"):
         outs = probe.evaluate(list(arrays))
     return max(float(np.nanmax(np.abs(o), initial=0.0)) for o in outs)
@@ -189,20 +197,22 @@ def exp_stress(
     shapes: Shapes,
     check_arrays: Sequence[np.ndarray],
     reference: Callable[[list[np.ndarray]], list[np.ndarray]],
+    device: Any = None,
 ) -> StressSet | None:
     """The exp-overflow stress set for ``graph`` built from its check inputs (float64 or
     float32 arrays in the graph's shapes), or None when scaling the inputs cannot push an
     exp argument to :data:`EXP_TARGET` (no exp, a scale-invariant argument such as a
     normalised one, or no finite scale). ``reference`` evaluates the graph in float64 on
-    kernel-shaped arrays. The scale comes from one evaluation of the cut graph when the exp
-    argument is homogeneous of a degree p the graph shows (p = 1 for a softmax of an input, 2
-    for attention scores, 0 for a normalised argument, which no scale pushes), else from up to
-    three (p estimated from the first two)."""
+    kernel-shaped arrays; the cut graph is evaluated on ``device`` (a GPU) where given. The
+    scale comes from one evaluation of the cut graph when the exp argument is homogeneous of
+    a degree p the graph shows (p = 1 for a softmax of an input, 2 for attention scores, 0 for
+    a normalised argument, which no scale pushes), else from up to three (p estimated from
+    the first two)."""
     probe = _exp_argument_graph(graph)
     if probe is None:
         return None
     base = [np.asarray(a, dtype=np.float32) for a in check_arrays]
-    a1 = _peak(probe, base)
+    a1 = _peak(probe, base, device)
     if not (math.isfinite(a1) and a1 > 0):
         return None
     degree = _homogeneous_degree(probe)
@@ -213,7 +223,7 @@ def exp_stress(
         peak = a1 * scale**degree
     else:  # estimate the degree from a second evaluation, check with a third
         scale = EXP_TARGET / a1
-        peak = _peak(probe, [a * np.float32(scale) for a in base])
+        peak = _peak(probe, [a * np.float32(scale) for a in base], device)
         if not 0.75 * EXP_TARGET <= peak <= 4 * EXP_TARGET:
             if not (math.isfinite(peak) and peak > 0) or abs(math.log(scale)) < 1e-6:
                 return None
@@ -221,7 +231,7 @@ def exp_stress(
             if estimate < 0.1:
                 return None  # the argument hardly moves with the inputs' scale
             scale = (EXP_TARGET / a1) ** (1.0 / estimate)
-            peak = _peak(probe, [a * np.float32(scale) for a in base])
+            peak = _peak(probe, [a * np.float32(scale) for a in base], device)
             if not 0.5 * EXP_TARGET <= peak <= 5 * EXP_TARGET:
                 return None
     dtypes = [t.dtype.name for t in graph.inputs]
@@ -309,12 +319,24 @@ def ill_conditioned(
     return ~resolved
 
 
+def rounded_reference(reference: Sequence[np.ndarray], dtypes: Sequence[str]) -> list[np.ndarray]:
+    """The float64 reference rounded to the output dtypes (as float64 arrays): what
+    :func:`stress_error` compares with. Computed once per stress set (rounding 16M float64
+    values to float16 takes numpy about a second)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return [
+            r.astype(np.float16 if d == "float16" else np.float32).astype(np.float64)
+            for r, d in zip(reference, dtypes, strict=True)
+        ]
+
+
 def stress_error(
     outputs: Sequence[Any],
     reference: Sequence[np.ndarray],
     dtypes: Sequence[str],
     edge: float = 0.0,
     exempt: Sequence[np.ndarray] | None = None,
+    rounded: Sequence[np.ndarray] | None = None,
 ) -> tuple[float, str | None]:
     """(worst relative error over the elements the reference keeps finite in the output
     dtype, a reason when the finite/non-finite pattern differs). A NaN of the reference is
@@ -322,12 +344,13 @@ def stress_error(
     finite reference within relative ``edge`` (the tolerance) of the dtype's largest value may
     come out as the infinity of its sign: an error the tolerance allows can round it past.
     Elements of ``exempt`` (per output, see :func:`ill_conditioned`) count for the
-    finite/non-finite pattern only."""
+    finite/non-finite pattern only. ``rounded``: :func:`rounded_reference` of ``reference``
+    where the caller keeps it (computed here otherwise)."""
     worst = 0.0
-    for i, (o, r, d) in enumerate(zip(outputs, reference, dtypes, strict=True)):
+    if rounded is None:
+        rounded = rounded_reference(reference, dtypes)
+    for i, (o, r, want, d) in enumerate(zip(outputs, reference, rounded, dtypes, strict=True)):
         got = to_numpy64(o)
-        with np.errstate(over="ignore", invalid="ignore"):
-            want = r.astype(np.float16 if d == "float16" else np.float32).astype(np.float64)
         if got.shape != want.shape:
             return math.inf, f"output {i} has shape {got.shape}, expected {want.shape}"
         finite = np.isfinite(want)

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from yirage import _collectives, _decision, _race, _search, _spread, _stress
+from yirage import _collectives, _decision, _race, _reference_torch, _search, _spread, _stress
 from yirage._backend import Backend
 from yirage._check import (
     arrays_to_backend,
@@ -590,11 +590,12 @@ def _stress_sets(
     """The stress sets for ``graph``: exp overflow (when it has an exp to stress) and the
     dtype's extremes, built from the check inputs."""
     arrays = [to_numpy32(t).reshape(u) for t, u in zip(tensors, shapes.user_in, strict=True)]
+    device = _reference_torch.device_of(tensors)  # the references run there (a GPU) or on CPU
 
     def reference(ins: list[np.ndarray]) -> list[np.ndarray]:
-        return reference_outputs(graph, shapes, ins)
+        return reference_outputs(graph, shapes, ins, device)
 
-    exp = _stress.exp_stress(graph, shapes, arrays, reference)
+    exp = _stress.exp_stress(graph, shapes, arrays, reference, device)
     extremes = _stress.extremes_stress(graph, shapes, arrays, reference, seed)
     return [extremes] if exp is None else [exp, extremes]
 
@@ -626,17 +627,20 @@ def _stress_check(
     dtypes = [t.dtype.name for t in graph.outputs]
     tol = max(_stress.stress_tolerance(d) for d in dtypes)
     tensors = to_backend_tensors(be, stress.arrays, [t.dtype.name for t in graph.inputs])
+    rounded = _stress.rounded_reference(stress.reference, dtypes)  # once, not per contender
     verdicts: dict[Key, str | None] = {}
     exempt: list[np.ndarray] | None = None
     for entry in passing:
         try:
             outputs = entry[4](*tensors)
-            err, why = _stress.stress_error(outputs, stress.reference, dtypes, edge=tol)
+            err, why = _stress.stress_error(
+                outputs, stress.reference, dtypes, edge=tol, rounded=rounded
+            )
             if why is None and not err <= tol and stress.perturbed is not None:
                 if exempt is None:  # once per set, and only when a contender needs it
                     exempt = _exempt(graph, stress, tol)
                 err, why = _stress.stress_error(
-                    outputs, stress.reference, dtypes, edge=tol, exempt=exempt
+                    outputs, stress.reference, dtypes, edge=tol, exempt=exempt, rounded=rounded
                 )
         except Exception as exc:
             err, why = math.inf, f"run failed: {type(exc).__name__}: {exc}"
