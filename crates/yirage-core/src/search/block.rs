@@ -114,6 +114,10 @@ pub struct BTile {
     pub summable: bool,
     /// The target class of each dim ([`Labels`]).
     pub labels: Labels,
+    /// Holds partial chunks whatever the loop: made from a partial-chunk input by ops linear
+    /// in it. The concretisation refuses every mapping of a program that uses such a tile
+    /// non-linearly (see [`partial_step`]), so the enumeration does not build one.
+    pub partial: bool,
 }
 
 /// A complete abstract program: every input used, every loop tile consumed, outputs =
@@ -211,6 +215,7 @@ pub fn enumerate(
                 after: false,
                 summable: k.chunks.is_some(),
                 labels: k.labels.clone(),
+                partial: k.chunks.is_some(),
             })
             .collect(),
         uses: vec![0; n],
@@ -747,7 +752,7 @@ fn chains(run: &Run, vocab: &Vocab, goal: Option<&Goal>, base: &Tpl) -> Arc<Vec<
 /// The tile of `v` once its ops exist: existing tiles with the same value are reused (from
 /// the state or already pending in `pre`), the missing ops are appended to `pre`. Returns
 /// the tile and the number of steps that had ops to add (each is charged as one op).
-fn resolve(st: &BState, pre: &mut Vec<(BOp, BTile)>, v: &View) -> (usize, usize) {
+fn resolve(st: &BState, pre: &mut Vec<(BOp, BTile)>, v: &View, partial: &[bool]) -> (usize, usize) {
     if v.ops.is_empty() {
         return (v.base, 0);
     }
@@ -816,12 +821,67 @@ fn resolve(st: &BState, pre: &mut Vec<(BOp, BTile)>, v: &View) -> (usize, usize)
                 after: false,
                 summable: o.summable,
                 labels,
+                partial: partial[i],
             },
         ));
         ids[i] = n + pre.len() - 1;
         charged[o.step] = true;
     }
     (ids[k - 1], charged.iter().filter(|&&c| c).count())
+}
+
+/// Whether an op's result holds partial chunks whatever the loop, from its operands' flags
+/// (`a`, `b`); None when the concretisation would refuse it under every mapping: a partial
+/// tile through a non-linear op, divided by, raised to a power, multiplied by another
+/// partial one, or normalised. (An add of a partial tile and another one is partial or
+/// refused; the refusal depends on the mapping, so it is not decided here.)
+fn partial_step(op: Step, a: bool, b: bool) -> Option<bool> {
+    match op {
+        Step::Linear | Step::Reduce => Some(a),
+        Step::NonLinear | Step::Norm => (!a).then_some(false),
+        Step::Binary(BinaryOp::Add | BinaryOp::Sub) => Some(a || b),
+        Step::Binary(BinaryOp::Mul) => (!(a && b)).then_some(a || b),
+        Step::Binary(BinaryOp::Div) => (!b).then_some(a),
+        Step::Binary(BinaryOp::Pow) => (!(a || b)).then_some(false),
+    }
+}
+
+/// The kinds of op [`partial_step`] tells apart.
+#[derive(Clone, Copy)]
+enum Step {
+    Linear,
+    NonLinear,
+    Reduce,
+    Norm,
+    Binary(BinaryOp),
+}
+
+fn unary_step(u: UnaryOp) -> Step {
+    if matches!(u, UnaryOp::Neg | UnaryOp::MulScalar(_)) {
+        Step::Linear
+    } else {
+        Step::NonLinear
+    }
+}
+
+/// The [`partial_step`] flag of every op of view `v` (None: one is refused).
+fn view_partial(st: &BState, v: &View) -> Option<Vec<bool>> {
+    let base = st.tiles[v.base].partial;
+    let mut out: Vec<bool> = Vec::with_capacity(v.ops.len());
+    for o in &v.ops {
+        let p = |s: VSrc| match s {
+            VSrc::Base => base,
+            VSrc::Op(k) => out[k],
+        };
+        let flag = match o.kind {
+            VKind::Unary(u, x) => partial_step(unary_step(u), p(x), false),
+            VKind::Reduction(x, _) => partial_step(Step::Reduce, p(x), false),
+            VKind::RmsNorm(x) => partial_step(Step::Norm, p(x), false),
+            VKind::Binary(b, x, y) => partial_step(Step::Binary(b), p(x), p(y)),
+        }?;
+        out.push(flag);
+    }
+    Some(out)
 }
 
 /// A candidate main op over views (operands are view indices).
@@ -1000,11 +1060,39 @@ fn moves(
             Cand::Binary(BinaryOp::Div, a, _) => v(a).summable,
             _ => false,
         } && !after;
+        let mut flags = vec![];
+        for &o in operands {
+            flags.push(view_partial(st, &vs[o]));
+        }
+        let Some(flags) = flags.into_iter().collect::<Option<Vec<Vec<bool>>>>() else {
+            run.count_pruned();
+            continue;
+        };
+        let p = |k: usize| {
+            flags[k]
+                .last()
+                .copied()
+                .unwrap_or(st.tiles[vs[operands[k]].base].partial)
+        };
+        let partial = match c {
+            Cand::Matmul(..) => partial_step(Step::Binary(BinaryOp::Mul), p(0), p(1)),
+            Cand::Binary(op, ..) => partial_step(Step::Binary(op), p(0), p(1)),
+            Cand::Unary(u, _) => partial_step(unary_step(u), p(0), false),
+            Cand::Reduction(..) => partial_step(Step::Reduce, p(0), false),
+            Cand::RmsNorm(_) | Cand::Accum(_, AccumKind::Rms { .. }) => {
+                partial_step(Step::Norm, p(0), false)
+            }
+            Cand::Accum(..) => Some(false),
+        };
+        let Some(partial) = partial else {
+            run.count_pruned();
+            continue;
+        };
         let mut pre = vec![];
         let mut charge = 1;
         let mut ids: Vec<usize> = vec![];
-        for &o in operands {
-            let (id, c) = resolve(st, &mut pre, &vs[o]);
+        for (k, &o) in operands.iter().enumerate() {
+            let (id, c) = resolve(st, &mut pre, &vs[o], &flags[k]);
             ids.push(id);
             charge += c;
         }
@@ -1034,6 +1122,7 @@ fn moves(
                 after,
                 summable,
                 labels,
+                partial,
             },
             key,
             charge,

@@ -859,27 +859,8 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         .iter()
         .map(|c| pattern_kinds(c, max_blocks, gpu))
         .collect();
-    let mut patterns: Vec<Vec<Kind>> = vec![vec![]];
-    for ks in &kinds {
-        let mut next = vec![];
-        for p in &patterns {
-            for &k in ks {
-                let mut q = p.clone();
-                q.push(k);
-                if q.iter()
-                    .filter(|k| matches!(k, Kind::Grid | Kind::GridLoop))
-                    .count()
-                    <= 3
-                {
-                    next.push(q);
-                }
-            }
-        }
-        patterns = next;
-        if patterns.len() > run.cfg.max_concretisations {
-            patterns.truncate(run.cfg.max_concretisations);
-        }
-    }
+    let patterns = first_patterns(&kinds, run.cfg.max_concretisations);
+    let loop_rules = LoopRules::of(prog, &an);
     // Best sizings per output group: (group outs, pattern index, sizing).
     let mut per_group: Vec<(OutSig, Vec<(usize, Sized)>)> = vec![];
     let cx = Ctx {
@@ -899,6 +880,9 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         let any_loop = pat.iter().any(|k| matches!(k, Kind::Loop | Kind::GridLoop));
         if walks_apart(pat, &class_labels) {
             run.count_mixed();
+            continue;
+        }
+        if !loop_rules.allow(pat) {
             continue;
         }
         let rep_f = chunk_f.first().copied().unwrap_or(2);
@@ -1099,6 +1083,92 @@ fn walks_apart(pat: &[Kind], labels: &[Option<usize>]) -> bool {
     false
 }
 
+/// The first `max` patterns (a kind per class, at most 3 grid axes) in lexicographic order,
+/// the first class most significant; built depth first, so no prefix beyond them is made.
+fn first_patterns(kinds: &[Vec<Kind>], max: usize) -> Vec<Vec<Kind>> {
+    fn rec(
+        kinds: &[Vec<Kind>],
+        grids: usize,
+        cur: &mut Vec<Kind>,
+        max: usize,
+        out: &mut Vec<Vec<Kind>>,
+    ) {
+        if out.len() >= max {
+            return;
+        }
+        let Some(ks) = kinds.get(cur.len()) else {
+            out.push(cur.clone());
+            return;
+        };
+        for &k in ks {
+            let g = grids + usize::from(matches!(k, Kind::Grid | Kind::GridLoop));
+            if g > 3 {
+                continue;
+            }
+            cur.push(k);
+            rec(kinds, g, cur, max, out);
+            cur.pop();
+        }
+    }
+    let mut out = vec![];
+    rec(
+        kinds,
+        0,
+        &mut Vec::with_capacity(kinds.len()),
+        max,
+        &mut out,
+    );
+    out
+}
+
+/// Two of [`derive`]'s rules on the loop, as class masks checked before it runs (most
+/// patterns of wide programs fail them, and `derive` builds a mapping before it finds out):
+/// with a loop, every accumulator must take a tile that varies with it, and an input an
+/// after-loop op reads must not vary with it.
+struct LoopRules {
+    /// Per accumulator: the classes of the inputs its operand is computed from.
+    accumulated: Vec<u64>,
+    /// The classes of the inputs that after-loop ops (other than accumulators) read.
+    read_after: u64,
+}
+
+impl LoopRules {
+    fn of(prog: &BlockProgram, an: &Analysis) -> LoopRules {
+        let mut from: Vec<u64> = vec![0; prog.tiles.len()];
+        let mut rules = LoopRules {
+            accumulated: vec![],
+            read_after: 0,
+        };
+        for (i, op) in prog.ops.iter().enumerate() {
+            if i < prog.n_inputs {
+                from[i] = an.cls[i].iter().flatten().fold(0, |m, &c| m | bit(c));
+                continue;
+            }
+            if let BOp::Accum(x, _) = op {
+                rules.accumulated.push(from[*x]);
+                continue;
+            }
+            for a in op.operands() {
+                from[i] |= from[a];
+                if prog.tiles[i].after && a < prog.n_inputs {
+                    rules.read_after |= from[a];
+                }
+            }
+        }
+        rules
+    }
+
+    fn allow(&self, pat: &[Kind]) -> bool {
+        let walked = pat
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| matches!(k, Kind::Loop | Kind::GridLoop))
+            .fold(0u64, |m, (c, _)| m | bit(c));
+        walked == 0
+            || (self.accumulated.iter().all(|&a| a & walked != 0) && self.read_after & walked == 0)
+    }
+}
+
 /// Enumerate assignments class by class; returns false to stop.
 fn assign_rec(
     opts: &[Vec<Assign>],
@@ -1125,8 +1195,171 @@ fn assign_rec(
 }
 
 #[cfg(test)]
-mod masked_tests {
+mod tests {
     use super::*;
+    use crate::search::expr::AbsVal;
+
+    fn tile(dims: &[usize], after: bool, chunks: bool) -> crate::search::block::BTile {
+        crate::search::block::BTile {
+            abs: AbsVal::Unknown(0),
+            dims: dims.to_vec(),
+            after,
+            summable: chunks,
+            labels: vec![None; dims.len()],
+            partial: chunks,
+        }
+    }
+
+    fn input(dims: &[usize], chunks: Option<(usize, usize)>) -> KIn {
+        let value_dims = match chunks {
+            Some((d, s)) => {
+                let mut v = dims.to_vec();
+                v[d] /= s;
+                v
+            }
+            None => dims.to_vec(),
+        };
+        KIn {
+            abs: AbsVal::Unknown(0),
+            dims: dims.to_vec(),
+            value_dims,
+            chunks,
+            dtype: DType::F16,
+            elem_bytes: 2,
+            labels: vec![None; dims.len()],
+        }
+    }
+
+    /// Every pattern [`LoopRules`] refuses, `derive` refuses too (the rules only save it the
+    /// work), over programs with loops, after-loop reads and partial-chunk inputs.
+    #[test]
+    fn loop_rules_refuse_only_what_derive_refuses() {
+        use BOp::*;
+        // attention: Q[2,64,32] Kt[2,32,128] V[2,128,32]; exp(Q·Kt)·V and its row sums
+        // accumulated, divided after the loop; and a variant reading V after the loop
+        let att_tiles = vec![
+            tile(&[2, 64, 32], false, false),
+            tile(&[2, 32, 128], false, false),
+            tile(&[2, 128, 32], false, false),
+            tile(&[2, 64, 128], false, false),
+            tile(&[2, 64, 128], false, false),
+            tile(&[2, 64, 32], false, false),
+            tile(&[2, 64, 32], true, false),
+            tile(&[2, 64, 1], true, false),
+            tile(&[2, 64, 32], true, false),
+        ];
+        let attention = BlockProgram {
+            ops: vec![
+                Input(0),
+                Input(1),
+                Input(2),
+                Matmul(0, 1),
+                Unary(UnaryOp::Exp, 3),
+                Matmul(4, 2),
+                Accum(5, AccumKind::Iter),
+                Accum(4, AccumKind::Sum),
+                Binary(BinaryOp::Div, 6, 7),
+            ],
+            tiles: att_tiles,
+            outputs: vec![8],
+            n_inputs: 3,
+        };
+        let att_ins = vec![
+            input(&[2, 64, 32], None),
+            input(&[2, 32, 128], None),
+            input(&[2, 128, 32], None),
+        ];
+        // partial chunks [2,64,4·32] summed by an iteration accumulator, scaled after it by
+        // an input read after the loop
+        let chunked = BlockProgram {
+            ops: vec![
+                Input(0),
+                Input(1),
+                Accum(0, AccumKind::Iter),
+                Binary(BinaryOp::Mul, 2, 1),
+            ],
+            tiles: vec![
+                tile(&[2, 64, 32], false, true),
+                tile(&[2, 64, 32], false, false),
+                tile(&[2, 64, 32], true, false),
+                tile(&[2, 64, 32], true, false),
+            ],
+            outputs: vec![3],
+            n_inputs: 2,
+        };
+        let chunk_ins = vec![
+            input(&[2, 64, 128], Some((2, 4))),
+            input(&[2, 64, 32], None),
+        ];
+        let mut refused = 0;
+        let mut allowed = 0;
+        for (prog, ins) in [(&attention, &att_ins), (&chunked, &chunk_ins)] {
+            let an = analyse(prog, ins).expect("analysable");
+            let kinds: Vec<Vec<Kind>> = an
+                .classes
+                .iter()
+                .map(|c| pattern_kinds(c, 528, true))
+                .collect();
+            let rules = LoopRules::of(prog, &an);
+            let rep_f = an.classes.iter().find_map(|c| c.chunk).unwrap_or(2);
+            for pat in first_patterns(&kinds, 100_000) {
+                let any_loop = pat.iter().any(|k| matches!(k, Kind::Loop | Kind::GridLoop));
+                let asg: Vec<Assign> = pat
+                    .iter()
+                    .map(|k| Assign {
+                        parts: if matches!(k, Kind::Grid | Kind::GridLoop) {
+                            2
+                        } else {
+                            1
+                        },
+                        loopy: matches!(k, Kind::Loop | Kind::GridLoop),
+                    })
+                    .collect();
+                let derived = derive(prog, ins, &an, &asg, if any_loop { rep_f } else { 1 });
+                if rules.allow(&pat) {
+                    allowed += 1;
+                } else {
+                    refused += 1;
+                    assert!(derived.is_none(), "{pat:?} refused but derivable");
+                }
+            }
+        }
+        assert!(
+            refused > 0 && allowed > 0,
+            "{refused} refused, {allowed} allowed"
+        );
+    }
+
+    #[test]
+    fn first_patterns_are_the_lexicographic_prefix() {
+        let kinds = vec![
+            vec![Kind::Whole, Kind::Grid],
+            vec![Kind::Whole, Kind::Grid, Kind::Loop],
+            vec![Kind::Grid, Kind::GridLoop],
+            vec![Kind::Grid, Kind::Whole],
+        ];
+        let all = first_patterns(&kinds, usize::MAX);
+        // every combination with at most 3 grid axes, in order
+        let mut expected = vec![];
+        for a in &kinds[0] {
+            for b in &kinds[1] {
+                for c in &kinds[2] {
+                    for d in &kinds[3] {
+                        let p = vec![*a, *b, *c, *d];
+                        let grids = p
+                            .iter()
+                            .filter(|k| matches!(k, Kind::Grid | Kind::GridLoop))
+                            .count();
+                        if grids <= 3 {
+                            expected.push(p);
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(all, expected);
+        assert_eq!(first_patterns(&kinds, 5), expected[..5].to_vec());
+    }
 
     #[test]
     fn masked_parts_leave_power_of_two_tiles() {

@@ -236,9 +236,16 @@ pub fn search_kernels(
 }
 
 /// The kernel-level DFS below the first-level moves that `keep` accepts (by index): the
-/// number of first-level moves, and the skeletons found, each with the index of the move it
-/// starts with, in move order. A shard of the search keeps every n-th move; the union of
-/// the shards' skeletons, ordered by move, is the whole search's list.
+/// number of first-level moves of the first depth, and the skeletons found, each with the
+/// index of the move it starts with, in move order. A shard of the search keeps every n-th
+/// move; the union of the shards' skeletons, ordered by move, is the whole search's list.
+///
+/// The DFS deepens: graphs of at most 1, then 2, … `max_kernel_ops` ops, each depth a DFS of
+/// its own (move `i` of depth `d` is numbered `d << 32 | i`, so moves order by depth). A limit
+/// that cuts the search short so keeps every graph of the depths it finished, where one DFS
+/// at full depth had only explored the moves it reached first (QK-norm attention's one-kernel
+/// form, found at depth 1 in under a second, was still missing after 40 s); and a last op is
+/// chosen among the target's outputs at every depth, so fused forms are offered as such.
 pub fn search_kernels_where(
     run: &Run,
     vocab: &Vocab,
@@ -256,26 +263,35 @@ pub fn search_kernels_where(
     if run.count_state() {
         return (0, vec![]);
     }
-    let first = moves(run, vocab, memo, &st);
-    let n_first = first.len();
-    let found = first
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| keep(*i))
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|(i, mv)| {
-            let mut out = vec![];
-            let mut st = st.clone();
-            apply(&mut st, mv);
-            dfs(run, vocab, memo, &mut st, &mut out);
-            out.into_iter().map(|sk| (i, sk)).collect::<Vec<_>>()
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .flatten()
-        .collect();
-    (n_first, found)
+    let mut first_moves = None;
+    let mut found = vec![];
+    for depth in 1..=run.cfg.max_kernel_ops {
+        if run.stopped() {
+            break;
+        }
+        let first = moves(run, vocab, memo, &st, depth);
+        first_moves.get_or_insert(first.len());
+        let mut f = first
+            .into_iter()
+            .enumerate()
+            .map(|(i, mv)| (depth << 32 | i, mv))
+            .filter(|(i, _)| keep(*i))
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|(i, mv)| {
+                let mut out = vec![];
+                let mut st = st.clone();
+                apply(&mut st, mv);
+                dfs(run, vocab, memo, &mut st, depth, &mut out);
+                out.into_iter().map(|sk| (i, sk)).collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .flatten()
+            .collect();
+        found.append(&mut f);
+    }
+    (first_moves.unwrap_or(0), found)
 }
 
 fn apply(st: &mut KState, mv: Move) {
@@ -299,7 +315,14 @@ fn undo(st: &mut KState) {
     }
 }
 
-fn dfs(run: &Run, vocab: &Vocab, memo: &Memo, st: &mut KState, out: &mut Vec<Skeleton>) {
+fn dfs(
+    run: &Run,
+    vocab: &Vocab,
+    memo: &Memo,
+    st: &mut KState,
+    depth: usize,
+    out: &mut Vec<Skeleton>,
+) {
     if run.count_state() {
         return;
     }
@@ -308,12 +331,12 @@ fn dfs(run: &Run, vocab: &Vocab, memo: &Memo, st: &mut KState, out: &mut Vec<Ske
         out.push(sk);
         return;
     }
-    if st.ops.len() >= run.cfg.max_kernel_ops {
+    if st.ops.len() >= depth {
         return;
     }
-    for mv in moves(run, vocab, memo, st) {
+    for mv in moves(run, vocab, memo, st, depth) {
         apply(st, mv);
-        dfs(run, vocab, memo, st, out);
+        dfs(run, vocab, memo, st, depth, out);
         undo(st);
         if run.stopped() {
             return;
@@ -411,14 +434,14 @@ fn subsets(n: usize, max: usize) -> Vec<Vec<usize>> {
     out
 }
 
-fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState) -> Vec<Move> {
+fn moves(run: &Run, vocab: &Vocab, memo: &Memo, st: &KState, depth: usize) -> Vec<Move> {
     let n = st.tensors.len();
     let t = |i: usize| &st.tensors[i];
     let plain = |i: usize| st.tensors[i].chunks.is_none();
     // The last op of the budget must make the state complete: it must read every produced
     // tensor nothing reads yet (unless that tensor is a target output itself) and its own
     // outputs must be target outputs.
-    let last_op = st.ops.len() + 1 >= run.cfg.max_kernel_ops;
+    let last_op = st.ops.len() + 1 >= depth;
     let is_target_output =
         |abs: AbsVal| (0..run.target.outputs.len()).any(|k| run.target.is_output(abs, k));
     let mut read = vec![false; n];

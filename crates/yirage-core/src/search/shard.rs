@@ -251,7 +251,16 @@ pub fn merge_shards(
     // stable: within one move, a shard lists skeletons in the DFS's order
     by_move.sort_by_key(|sk| sk.first_move);
     let mut reals: Vec<(Realisation, &ShardRealisation)> = vec![];
+    let mut structures = std::collections::HashSet::new();
     for (si, sk) in by_move.iter().enumerate() {
+        // the same structure found at another depth of the DFS (see `realisations`)
+        let base = sk
+            .realisations
+            .iter()
+            .find(|r| r.choice.iter().all(|&c| c == 0));
+        if !structures.insert(base.and_then(|r| r.graph.as_deref()).map(str::to_owned)) {
+            continue;
+        }
         for r in &sk.realisations {
             let real = Realisation {
                 skel: si,

@@ -649,11 +649,7 @@ fn shards_merge_to_the_local_search() {
                 ShardOutput::from_json(&o.to_json()).unwrap()
             })
             .collect();
-        assert!(
-            outs[0].first_moves >= n,
-            "{} first moves",
-            outs[0].first_moves
-        );
+        assert!(outs.iter().all(|o| o.first_moves == outs[0].first_moves));
         let merged =
             merge_shards(&target, &spec, &c, &SearchControl::default(), &outs, 0.0).unwrap();
         assert_eq!(merged.report.stop_reason, "exhausted");
@@ -687,4 +683,47 @@ fn masked_edge_tiles_leave_a_slot_to_a_divisible_candidate() {
         fused.iter().filter(|c| has_masked_tiles(&c.graph)).count(),
         3
     );
+}
+
+#[test]
+fn a_state_limit_keeps_the_graphs_of_finished_depths() {
+    // the DFS deepens by kernel count: a state budget far below what three and four
+    // kernels need still leaves every one-kernel graph, fused QK-norm attention among them
+    let target = qknorm_attention(2, 4, 64, 512);
+    let spec = DeviceSpec::h100();
+    let one = run(
+        &target,
+        &spec,
+        &SearchConfig {
+            max_kernel_ops: 1,
+            max_states: None,
+            ..cfg()
+        },
+    );
+    assert_eq!(one.report.stop_reason, "exhausted");
+    let cut = run(
+        &target,
+        &spec,
+        &SearchConfig {
+            max_states: Some(one.report.states_explored + 2_000),
+            ..cfg()
+        },
+    );
+    assert_eq!(cut.report.stop_reason, "state_limit");
+    let best_fused = |r: &SearchResult| {
+        r.candidates
+            .iter()
+            .filter(|c| !c.baseline && non_input_ops(&c.graph) == 1)
+            .map(|c| c.predicted_us)
+            .fold(f64::INFINITY, f64::min)
+    };
+    assert!(best_fused(&one).is_finite(), "a one-kernel form");
+    assert!(
+        best_fused(&cut) <= best_fused(&one),
+        "the cut search lost the depth-1 forms: {} > {}",
+        best_fused(&cut),
+        best_fused(&one)
+    );
+    let best = cut.candidates.iter().find(|c| !c.baseline).expect("fused");
+    check_numerics(&target, &best.graph);
 }

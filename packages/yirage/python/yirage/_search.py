@@ -49,7 +49,11 @@ PRESETS = ("attention", "mlp", "lora")
 
 _CACHE_FORMAT = "yirage.search_cache"
 #: 2: candidates whose unshifted exp feeds a generated kernel are no longer offered.
-_CACHE_VERSION = 2
+#: 3: the enumeration deepens by kernel count and cuts mixed dims (it finds forms that 2 missed).
+_CACHE_VERSION = 3
+#: States the enumeration explores by default (``max_states``): see the core's
+#: ``DEFAULT_MAX_STATES`` for why a count and why this one.
+DEFAULT_MAX_STATES = 1_000_000
 #: Optional link figures of the core's spec (collective costs); power stays in Python.
 _LINK_FIELDS = ("link_bandwidth_gbps", "link_latency_us")
 #: Optional cache sizes of a CPU (the core's CPU cost terms).
@@ -482,7 +486,7 @@ def search(
     backend: Any = None,
     config: str | Mapping[str, Any] | None = None,
     time_limit: float | None = 60,
-    max_states: int | None = None,
+    max_states: int | None = DEFAULT_MAX_STATES,
     threads: int | None = None,
     seed: int = 0,
     deterministic: bool = False,
