@@ -301,3 +301,29 @@ def test_a_saved_kernel_loads_its_variant(searches: list[int], tmp_path: Path) -
     again = yr.load_kernel(path, backend=be)
     assert again.variant == "fixed" and again.launcher.variant == "fixed"
     assert any("no longer offers" in n for n in again.report.notes)
+
+
+def _contender(us: float, candidate: int, library: bool) -> _race.Contender:
+    plan = {"kernels": [{"kind": "library" if library else "generated", "op": "matmul"}]}
+    return _race.Contender(us, candidate, plan, None, None, "v")
+
+
+def _is_library(c: _race.Contender) -> bool:
+    return all(k["kind"] == "library" for k in c.plan["kernels"])
+
+
+def test_library_kernels_are_kept_unless_clearly_beaten() -> None:
+    fused, base = _contender(111.1, 0, False), _contender(112.1, 1, True)
+    notes: list[str] = []
+    # within the margin: the library kernels win, and the report says why
+    assert _race.prefer_baseline([fused, base], _is_library, notes)[0] is base
+    assert notes and "library kernels were kept" in notes[0]
+    # beaten by more than the margin: the fused kernel stays first, no note
+    notes.clear()
+    fast = _contender(112.1 / (_race.BASELINE_MARGIN * 1.01), 0, False)
+    assert _race.prefer_baseline([fast, base], _is_library, notes)[0] is fast
+    assert not notes
+    # the library kernels already first, or none raced: unchanged
+    assert _race.prefer_baseline([base, fused], _is_library, notes) == [base, fused]
+    assert _race.prefer_baseline([fused], _is_library, notes) == [fused]
+    assert not notes

@@ -721,12 +721,14 @@ def choose(
     tensors: list[Any],
 ) -> Contender:
     """The winner: the fastest contender, or among those tied on cold-cache time the one
-    fastest with its inputs in cache. Fills in the report's per-candidate times and its
+    fastest with its inputs in cache; library kernels unless a generated contender beats them
+    by more than ``BASELINE_MARGIN``. Fills in the report's per-candidate times and its
     choice."""
     with run.stand_in():
         ranked = _race.break_cold_ties(
             run.be, ranked, _timed_inputs(run, tensors), run.report.notes
         )
+    ranked = _race.prefer_baseline(ranked, lambda c: _describe_plan(c.plan)[1], run.report.notes)
     winner = ranked[0]
     _settle(run, contenders, result, winner)
     report = run.report
