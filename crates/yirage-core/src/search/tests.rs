@@ -435,9 +435,13 @@ fn many_inputs_do_not_blow_up() {
         .collect();
     let y = g.binary(BinaryOp::Add, ins[3], ins[17]).unwrap();
     g.mark_output(y).unwrap();
-    let t = Instant::now();
     let r = search(&g, &DeviceSpec::cpu2(), &cfg(), &SearchControl::default()).unwrap();
-    assert!(t.elapsed().as_secs_f64() < 30.0);
+    // states, not seconds: the bound does not depend on the machine (260 are explored)
+    assert!(
+        r.report.states_explored < 10_000,
+        "{}",
+        r.report.states_explored
+    );
     assert!(r.candidates.iter().any(|c| c.baseline));
 }
 
