@@ -135,9 +135,13 @@ def test_usage_errors_are_one_line(
 
 
 def test_ctrl_c_is_one_line_and_exit_status_130(tmp_path: Path) -> None:
-    """A real SIGINT while a command runs (the command sends it to its own process)."""
+    """A real SIGINT while a command runs (the command sends it to its own process). Python
+    only raises KeyboardInterrupt where SIGINT was not ignored when it started, and a job
+    started in the background of a non-interactive shell inherits it ignored (this test then
+    slept through it), so the child restores Python's handler as an interactive shell has it."""
     script = (
         "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from yirage import cli\n"
         "def doctor(args):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
