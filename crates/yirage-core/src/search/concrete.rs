@@ -886,18 +886,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
             continue;
         }
         let rep_f = chunk_f.first().copied().unwrap_or(2);
-        let rep: Vec<Assign> = pat
-            .iter()
-            .map(|k| Assign {
-                parts: if matches!(k, Kind::Grid | Kind::GridLoop) {
-                    2
-                } else {
-                    1
-                },
-                loopy: matches!(k, Kind::Loop | Kind::GridLoop),
-            })
-            .collect();
-        let Some(m) = derive(prog, ins, &an, &rep, if any_loop { rep_f } else { 1 }) else {
+        let Some(m) = derive_pattern(prog, ins, &an, pat, rep_f) else {
             continue;
         };
         let pi = mappings.len();
@@ -1081,6 +1070,30 @@ fn walks_apart(pat: &[Kind], labels: &[Option<usize>]) -> bool {
         }
     }
     false
+}
+
+/// [`derive`] for a pattern's representative sizes: 2 parts per grid class, `rep_f`
+/// iterations when it has a loop (the mapping does not depend on the sizes).
+fn derive_pattern(
+    prog: &BlockProgram,
+    ins: &[KIn],
+    an: &Analysis,
+    pat: &[Kind],
+    rep_f: usize,
+) -> Option<Mapping> {
+    let rep: Vec<Assign> = pat
+        .iter()
+        .map(|k| Assign {
+            parts: if matches!(k, Kind::Grid | Kind::GridLoop) {
+                2
+            } else {
+                1
+            },
+            loopy: matches!(k, Kind::Loop | Kind::GridLoop),
+        })
+        .collect();
+    let any_loop = rep.iter().any(|a| a.loopy);
+    derive(prog, ins, an, &rep, if any_loop { rep_f } else { 1 })
 }
 
 /// The first `max` patterns (a kind per class, at most 3 grid axes) in lexicographic order,
@@ -1303,19 +1316,7 @@ mod tests {
             let rules = LoopRules::of(prog, &an);
             let rep_f = an.classes.iter().find_map(|c| c.chunk).unwrap_or(2);
             for pat in first_patterns(&kinds, 100_000) {
-                let any_loop = pat.iter().any(|k| matches!(k, Kind::Loop | Kind::GridLoop));
-                let asg: Vec<Assign> = pat
-                    .iter()
-                    .map(|k| Assign {
-                        parts: if matches!(k, Kind::Grid | Kind::GridLoop) {
-                            2
-                        } else {
-                            1
-                        },
-                        loopy: matches!(k, Kind::Loop | Kind::GridLoop),
-                    })
-                    .collect();
-                let derived = derive(prog, ins, &an, &asg, if any_loop { rep_f } else { 1 });
+                let derived = derive_pattern(prog, ins, &an, &pat, rep_f);
                 if rules.allow(&pat) {
                     allowed += 1;
                 } else {
