@@ -1,5 +1,5 @@
-"""A thin Triton backend for printer tests: an H100-sized target run by the Triton
-interpreter, with no printing families of its own."""
+"""Triton backends for printer tests: no device of their own, so they run in the Triton
+interpreter (or only print and compile) on a target the test chooses."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 from yirage.plugin import DeviceSpec, ProbeResult
 
 
-def interp_backend(name: str, **options: Any) -> Any:
-    """The backend ``name``, printing with ``TritonOptions(**options)`` when given."""
-    from yirage_triton import TritonBackend, TritonOptions, TritonTarget
+def backend_class(target: Any, compute_units: int, smem_limit: int) -> Any:
+    """A ``TritonBackend`` subclass for ``target`` that finds no device and reports
+    ``compute_units`` and ``smem_limit`` bytes of shared memory."""
+    from yirage_triton import TritonBackend
 
     class Interp(TritonBackend):
         def probe_device(self) -> ProbeResult:
@@ -23,12 +24,22 @@ def interp_backend(name: str, **options: Any) -> Any:
             raise self._unavailable("not needed by these tests")
 
         def compute_units(self) -> int:
-            return 132
+            return compute_units
 
         def smem_limit(self) -> int | None:
-            return 227 * 1024
+            return smem_limit
 
-    Interp.name = name
-    Interp.target = TritonTarget(name, "cuda", variant_families=frozenset())
+    Interp.name = target.name
+    Interp.target = target
+    return Interp
+
+
+def interp_backend(name: str, **options: Any) -> Any:
+    """An H100-sized backend ``name`` without printing families of its own, printing with
+    ``TritonOptions(**options)`` when given."""
+    from yirage_triton import TritonOptions, TritonTarget
+
+    target = TritonTarget(name, "cuda", variant_families=frozenset())
+    cls = backend_class(target, 132, 227 * 1024)
     topts = TritonOptions(**options) if options else None
-    return Interp(interpret=True, triton_options=topts)
+    return cls(interpret=True, triton_options=topts)

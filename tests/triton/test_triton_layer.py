@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from yirage.plan import CodegenError, parse_plan
-from yirage.plugin import ConfigError, DeviceSpec, ProbeResult
+from yirage.plugin import ConfigError
 
 # The fixture plans and their float64 references are the cuda tests' (tests/cuda/plans.py).
 # No conftest.py here: tests/cuda's modules import theirs as ``conftest``.
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
 # Pin Triton's announced default (it warns otherwise, and warnings are errors here).
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 import plans
+from _interp_backend import backend_class
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
@@ -56,7 +57,7 @@ ALL_NAMES = {
 
 def _backend(families: frozenset[str] | None = None, **kw: Any) -> Any:
     """A thin vendor backend: a target and the hardware hooks, nothing else."""
-    from yirage_triton import VARIANT_FAMILIES, TritonBackend, TritonTarget
+    from yirage_triton import VARIANT_FAMILIES, TritonTarget
 
     target = TritonTarget(
         name="testvendor",
@@ -65,27 +66,7 @@ def _backend(families: frozenset[str] | None = None, **kw: Any) -> Any:
         fp32_dot_precisions=("ieee",),
         variant_families=VARIANT_FAMILIES if families is None else families,
     )
-
-    class TestVendor(TritonBackend):
-        name = "testvendor"
-
-        def probe_device(self) -> ProbeResult:
-            return ProbeResult(False, "no test device: use interpret=True")
-
-        def live_device_spec(self) -> DeviceSpec:
-            raise self._unavailable("no test device")
-
-        def interpreter_spec(self) -> DeviceSpec:
-            raise self._unavailable("not needed by these tests")
-
-        def compute_units(self) -> int:
-            return 120
-
-        def smem_limit(self) -> int | None:
-            return 160 * 1024
-
-    TestVendor.target = target
-    return TestVendor(**kw)
+    return backend_class(target, 120, 160 * 1024)(**kw)
 
 
 def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
