@@ -12,7 +12,7 @@ Thread counts are fixed (``--threads``, default 2: the kernels through
 ``YIRAGE_CPU_THREADS``, torch through ``torch.set_num_threads``) so the contestants share
 the machine alike. Run from the repository root, e.g.::
 
-    python packages/yirage-cpu/tools/bench_weight_stream.py --rounds 31 --cases rmsnorm_linear
+    python benchmarks/cpu_weight_stream.py --rounds 31 --cases rmsnorm_linear
 """
 
 from __future__ import annotations
