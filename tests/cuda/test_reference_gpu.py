@@ -12,7 +12,7 @@ import pytest
 from test_reference_torch import GRAPHS, INPUT_SETS, allowance, assert_same
 
 import yirage as yr
-from yirage import _check, _reference_torch, _superoptimize
+from yirage import _check, _compare_torch, _reference_torch, _stress, _superoptimize
 from yirage._shapes import Shapes
 from yirage._workloads import WORKLOADS, _gqa_graph, _prefill_shapes
 
@@ -116,3 +116,36 @@ def test_zero_signs_of_long_rows_on_the_gpu(gpu: Any) -> None:
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert_same(a, b, f"output {i}")
         assert np.array_equal(np.signbit(a), np.signbit(b)), f"output {i}: zero signs differ"
+
+
+def test_comparisons_on_the_gpu_match_numpy(gpu: Any) -> None:
+    """The check's comparisons run where a kernel's outputs live (``yirage._compare_torch``):
+    on the GPU they give numpy's verdicts and errors, on a 4096 x 4096 float16 output with a
+    NaN, an overflow at the dtype's edge and a reference NaN."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal((4096, 4096))
+    ref[0, 0], ref[0, 1] = 65504.0 * (1 + 1e-3), np.nan
+    rounded = _stress.rounded_reference([ref], ["float16"])
+    like = [torch.zeros(1, device="cuda")]
+    on_gpu = _compare_torch.to_device([ref], like)
+    rounded_gpu = _compare_torch.to_device(rounded, like)
+    assert on_gpu[0].device.type == "cuda"
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = (ref * (1 + 1e-3 * rng.standard_normal(ref.shape))).astype(np.float16)
+    bad = out.copy()
+    bad[7, 9] = np.nan
+    for o in (out, bad):
+        want = _stress.stress_error([o], [ref], ["float16"], 1e-2, None, rounded)
+        got = _stress.stress_error(
+            [torch.from_numpy(o).cuda()], on_gpu, ["float16"], 1e-2, None, rounded_gpu
+        )
+        assert got[1] == want[1]
+        assert got[0] == pytest.approx(want[0], rel=1e-9)
+    finite = np.nan_to_num(ref, nan=0.0, posinf=0.0)
+    want_err = _check.rel_frobenius(out.astype(np.float64), finite)
+    got_err = _check.rel_frobenius(
+        torch.from_numpy(out).cuda(), _compare_torch.to_device([finite], like)[0]
+    )
+    assert got_err == pytest.approx(want_err, rel=1e-9)

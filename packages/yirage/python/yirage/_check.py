@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from yirage import _collectives, _reference_torch
+from yirage import _collectives, _compare_torch, _reference_torch
 from yirage._backend import Backend
 from yirage._errors import NumericCheckError
 from yirage._graph import KernelGraph
@@ -144,8 +144,14 @@ def to_backend_tensors(
     return list(backend.from_numpy(arrays, dtypes))
 
 
-def rel_frobenius(actual: np.ndarray, expected: np.ndarray) -> float:
-    """‖actual - expected‖ / ‖expected‖ (absolute when the reference is 0); NaN/inf → inf."""
+def rel_frobenius(actual: Any, expected: Any) -> float:
+    """‖actual - expected‖ / ‖expected‖ (absolute when the reference is 0); NaN/inf → inf.
+    Compared on the device where ``expected`` is a torch tensor (``yirage._compare_torch``),
+    else with numpy (``actual`` copied to the host in float64)."""
+    if _compare_torch.is_torch_tensor(expected):
+        return _compare_torch.rel_frobenius(actual, expected)
+    if not (isinstance(actual, np.ndarray) and actual.dtype == np.float64):
+        actual = to_numpy64(actual)
     if actual.shape != expected.shape:
         return math.inf
     if not np.isfinite(actual).all() or not np.isfinite(expected).all():
@@ -175,7 +181,7 @@ def _worst_error(outs: Sequence[Any], reference: Sequence[np.ndarray]) -> float:
         raise NumericCheckError(
             f"the kernel returned {len(outs)} outputs, the graph has {len(reference)}"
         )
-    return max(rel_frobenius(to_numpy64(o), r) for o, r in zip(outs, reference, strict=True))
+    return max(rel_frobenius(o, r) for o, r in zip(outs, reference, strict=True))
 
 
 def check_arrays(graph: KernelGraph, shapes: Shapes, seed: int) -> list[Any]:

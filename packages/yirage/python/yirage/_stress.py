@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from yirage import _reference_torch
+from yirage import _compare_torch, _reference_torch
 from yirage._dtypes import bfloat16_bits
 from yirage._graph import KernelGraph
 from yirage._kernel import TOLERANCES, Shapes, to_numpy64
@@ -332,11 +332,11 @@ def rounded_reference(reference: Sequence[np.ndarray], dtypes: Sequence[str]) ->
 
 def stress_error(
     outputs: Sequence[Any],
-    reference: Sequence[np.ndarray],
+    reference: Sequence[Any],
     dtypes: Sequence[str],
     edge: float = 0.0,
-    exempt: Sequence[np.ndarray] | None = None,
-    rounded: Sequence[np.ndarray] | None = None,
+    exempt: Sequence[Any] | None = None,
+    rounded: Sequence[Any] | None = None,
 ) -> tuple[float, str | None]:
     """(worst relative error over the elements the reference keeps finite in the output
     dtype, a reason when the finite/non-finite pattern differs). A NaN of the reference is
@@ -345,7 +345,16 @@ def stress_error(
     come out as the infinity of its sign: an error the tolerance allows can round it past.
     Elements of ``exempt`` (per output, see :func:`ill_conditioned`) count for the
     finite/non-finite pattern only. ``rounded``: :func:`rounded_reference` of ``reference``
-    where the caller keeps it (computed here otherwise)."""
+    where the caller keeps it (computed here otherwise). Where ``reference`` holds torch
+    tensors (``rounded`` and ``exempt`` then too: :func:`yirage._compare_torch.to_device`) it
+    is compared on their device."""
+    if reference and _compare_torch.is_torch_tensor(reference[0]):
+        if rounded is None:
+            raise ValueError("a reference on a device needs its rounded reference there too")
+        largest = [_LIMITS[d][0] for d in dtypes]
+        return _compare_torch.stress_error(
+            outputs, reference, rounded, dtypes, largest, edge, exempt
+        )
     worst = 0.0
     if rounded is None:
         rounded = rounded_reference(reference, dtypes)

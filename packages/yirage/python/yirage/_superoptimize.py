@@ -49,7 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from yirage import _collectives, _decision, _race, _reference_torch, _search, _spread, _stress
+from yirage import (
+    _collectives,
+    _compare_torch,
+    _decision,
+    _race,
+    _reference_torch,
+    _search,
+    _spread,
+    _stress,
+)
 from yirage._backend import Backend
 from yirage._check import (
     arrays_to_backend,
@@ -550,6 +559,8 @@ def check_stage(
     report = run.report
     alive = {c.key for c in contenders}
     passing = []
+    if run.check and run.world_size == 1:  # compared where the outputs are: once per tier
+        reference = _compare_torch.to_device(reference, tensors)
     for c in contenders:
         cr = report.candidates[c.candidate]
         if run.check:
@@ -627,27 +638,29 @@ def _stress_check(
     dtypes = [t.dtype.name for t in graph.outputs]
     tol = max(_stress.stress_tolerance(d) for d in dtypes)
     tensors = to_backend_tensors(be, stress.arrays, [t.dtype.name for t in graph.inputs])
-    rounded = _stress.rounded_reference(stress.reference, dtypes)  # once, not per contender
+    # rounded once, not per contender; compared where the outputs are (a GPU) when they are
+    rounded = _compare_torch.to_device(_stress.rounded_reference(stress.reference, dtypes), tensors)
+    reference = _compare_torch.to_device(stress.reference, tensors)
     verdicts: dict[Key, str | None] = {}
-    exempt: list[np.ndarray] | None = None
+    exempt: list[Any] | None = None
+    exempt_host: list[np.ndarray] = []
     for entry in passing:
         try:
             outputs = entry[4](*tensors)
-            err, why = _stress.stress_error(
-                outputs, stress.reference, dtypes, edge=tol, rounded=rounded
-            )
+            err, why = _stress.stress_error(outputs, reference, dtypes, edge=tol, rounded=rounded)
             if why is None and not err <= tol and stress.perturbed is not None:
                 if exempt is None:  # once per set, and only when a contender needs it
-                    exempt = _exempt(graph, stress, tol)
+                    exempt_host = _exempt(graph, stress, tol)
+                    exempt = _compare_torch.to_device(exempt_host, tensors)
                 err, why = _stress.stress_error(
-                    outputs, stress.reference, dtypes, edge=tol, exempt=exempt, rounded=rounded
+                    outputs, reference, dtypes, edge=tol, exempt=exempt, rounded=rounded
                 )
         except Exception as exc:
             err, why = math.inf, f"run failed: {type(exc).__name__}: {exc}"
         if why is None and not err <= tol:
             why = f"max relative error {err:.3g} > {tol:g}"
         verdicts[contender_key(entry)] = why
-    if exempt is not None and (count := sum(int(np.count_nonzero(e)) for e in exempt)):
+    if count := sum(int(np.count_nonzero(e)) for e in exempt_host):
         report.notes.append(
             f"{stress.name}: {count} output elements are differences of terms too large for "
             "float32 to resolve to the tolerance (cancellation); they were checked for "

@@ -305,12 +305,12 @@ def _as_list(out: Any) -> list[Any]:
 def rel_errors(outputs: Any, reference: Sequence[np.ndarray]) -> float:
     """Worst relative Frobenius error of ``outputs`` against the float64 reference
     (inf when the number or the shapes of the outputs differ, or a value is not finite)."""
-    from yirage._check import rel_frobenius, to_numpy64
+    from yirage._check import rel_frobenius
 
     outs = _as_list(outputs)
     if len(outs) != len(reference):
         return math.inf
-    return max(rel_frobenius(to_numpy64(o), r) for o, r in zip(outs, reference, strict=True))
+    return max(rel_frobenius(o, r) for o, r in zip(outs, reference, strict=True))
 
 
 def tolerance(case: Case) -> float:
