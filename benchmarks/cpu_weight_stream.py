@@ -2,15 +2,16 @@
 machine's read bandwidth, side by side in one process.
 
 For each case (``rmsnorm_linear``, ``gated_mlp``, ``lora``, ``gqa_decode`` at the ``model``
-and ``model_bf16`` presets) the kernel ``superoptimize`` chooses is printed twice, with and
-without the matmul's software prefetch of its streamed B rows
-(``yirage_cpu._codegen.STREAM_PREFETCH``), and timed interleaved with PyTorch eager and with
-a plain read of the case's weight bytes (a C/OpenMP sum over 1 and 2 threads, compiled with
-the backend's flags). Every call of a round runs once per contestant; medians over
-``--rounds`` rounds are printed in microseconds with the weight bytes per second they mean.
-Thread counts are fixed (``--threads``, default 2: the kernels through
-``YIRAGE_CPU_THREADS``, torch through ``torch.set_num_threads``) so the contestants share
-the machine alike. Run from the repository root, e.g.::
+and ``model_bf16`` presets) the kernel ``superoptimize`` chooses is printed with and without
+the matmul's software prefetch of its streamed B rows (``yirage_cpu._codegen.STREAM_PREFETCH``)
+and, where the host has AVX512-BF16 and the plan has bfloat16 dot products, once more for a
+target without it (the bfloat16 weights widened and multiplied by float FMAs), and timed
+interleaved with PyTorch eager and with a plain read of the case's weight bytes (a C/OpenMP
+sum over 1 and 2 threads, compiled with the backend's flags). Every call of a round runs
+once per contestant; medians over ``--rounds`` rounds are printed in microseconds with the
+weight bytes per second they mean. Thread counts are fixed (``--threads``, default 2: the
+kernels through ``YIRAGE_CPU_THREADS``, torch through ``torch.set_num_threads``) so the
+contestants share the machine alike. Run from the repository root, e.g.::
 
     python benchmarks/cpu_weight_stream.py --rounds 31 --cases rmsnorm_linear
 """
@@ -67,16 +68,23 @@ def _read_stream() -> Callable[[Any, int], float]:
     return read
 
 
-def _launcher(backend: Any, plan: dict[str, Any], prefetch: bool) -> Any:
-    """Compile ``plan`` with the stream prefetch on or off."""
+def _source(backend: Any, plan: dict[str, Any], prefetch: bool, bf16_dot: bool) -> Any:
+    """``plan`` printed with the stream prefetch on or off, for the backend's compile target
+    or (``bf16_dot`` off) that target without AVX512-BF16."""
     from yirage_cpu import _codegen
 
+    feats = tuple(f for f in backend.isa_features() if bf16_dot or f != "avx512_bf16")
+    bits = int(backend.device_spec().simd_width_bits)
     saved = _codegen.STREAM_PREFETCH
     _codegen.STREAM_PREFETCH = prefetch
     try:
-        return backend.load(backend.compile(backend.codegen(plan)))
+        return _codegen.generate(plan, simd_width_bits=bits, isa_features=feats)
     finally:
         _codegen.STREAM_PREFETCH = saved
+
+
+def _launcher(backend: Any, source: Any) -> Any:
+    return backend.load(backend.compile(source))
 
 
 def _weights(tensors: list[Any]) -> list[Any]:
@@ -112,13 +120,18 @@ def main() -> None:
             inputs = wl.inputs(preset)
             weights = _weights(inputs)
             nbytes = sum(t.numel() * t.element_size() for t in weights)
+            chosen = _source(backend, kernel.plan, True, True)
+            widened = _source(backend, kernel.plan, True, False)
             cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
                 "read, 1 thread": (lambda *ws: [read(w, 1) for w in ws], tuple(weights)),
                 "read, 2 threads": (lambda *ws: [read(w, 2) for w in ws], tuple(weights)),
-                "yirage, stream prefetch": (_launcher(backend, kernel.plan, True), tuple(inputs)),
-                "yirage, no prefetch": (_launcher(backend, kernel.plan, False), tuple(inputs)),
-                "torch eager": (wl.reference, tuple(inputs)),
+                "yirage": (_launcher(backend, chosen), tuple(inputs)),
             }
+            if widened.code != chosen.code:
+                cases["yirage, bf16 widen + FMA"] = (_launcher(backend, widened), tuple(inputs))
+            no_pf = _source(backend, kernel.plan, False, True)
+            cases["yirage, no prefetch"] = (_launcher(backend, no_pf), tuple(inputs))
+            cases["torch eager"] = (wl.reference, tuple(inputs))
             times: dict[str, list[float]] = {k: [] for k in cases}
             for fn, ins in cases.values():
                 fn(*ins)

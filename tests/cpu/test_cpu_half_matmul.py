@@ -252,7 +252,10 @@ def test_float16_b_tiles_widen_with_the_isa_instruction(
 
 
 def test_the_matmul_widening_path_from_pinned_features() -> None:
-    v4 = _toolchain.isa_features({"__F16C__", "__AVX2__", "__AVX512F__", "__AVX512BF16__"})
+    bf16 = _toolchain.isa_features({"__F16C__", "__AVX2__", "__AVX512F__", "__AVX512BF16__"})
+    assert _toolchain.matmul_half_path(bf16, 512) == "bfloat16 avx512_bf16, float16 avx512f"
+    assert _toolchain.matmul_half_path(bf16, 256) == "bfloat16 avx2, float16 avx512f"
+    v4 = _toolchain.isa_features({"__F16C__", "__AVX2__", "__AVX512F__"})
     assert _toolchain.matmul_half_path(v4, 512) == "bfloat16 avx2, float16 avx512f"
     v3 = _toolchain.isa_features({"__F16C__", "__AVX__", "__AVX2__"})
     assert _toolchain.matmul_half_path(v3, 256) == "bfloat16 avx2, float16 f16c"

@@ -81,10 +81,26 @@ class CpuBackend(Backend):
         except Exception:
             return _toolchain.PORTABLE_SIMD_BITS
 
+    def isa_features(self) -> tuple[str, ...]:
+        """The vector ISA features generated code is compiled for (/proc/cpuinfo's spelling:
+        ``avx512f``, ``avx512_bf16``, ...): those the compile flags enable, with
+        ``-march=native`` the host's (:func:`yirage_cpu._toolchain.isa_features`). The
+        printer prints the paths of these features only (the bfloat16 dot path needs
+        ``avx512_bf16``). Empty without a usable compiler (nothing is built then)."""
+        try:
+            cc = _toolchain.find_compiler()
+            flags, _ = _toolchain.select_flags(cc, self._simd_bits())
+        except BackendError:
+            return ()
+        return _toolchain.isa_features(set(_toolchain.predefined_macros(cc, flags)))
+
     # -- the pipeline ------------------------------------------------------------------------
     def codegen(self, plan: Any) -> _codegen.CpuSource:
-        """Print a KernelPlan (object with ``to_json()``, JSON text or dict) as C source."""
-        return _codegen.generate(plan, simd_width_bits=self._simd_bits())
+        """Print a KernelPlan (object with ``to_json()``, JSON text or dict) as C source for
+        the vector width and ISA features the code is compiled for."""
+        return _codegen.generate(
+            plan, simd_width_bits=self._simd_bits(), isa_features=self.isa_features()
+        )
 
     def compile(self, source: Any) -> CpuArtifact:
         """Compile printed source (from :meth:`codegen`) into the disk cache."""

@@ -32,6 +32,19 @@ How a generated kernel maps onto a CPU:
   (bfloat16 by ``vpmovzxwd`` + ``vpslld`` with AVX2 / AVX-512, float16 by ``vcvtph2ps``,
   portable vector code elsewhere; ``yr_matmul_half_path()`` names the path), so a weight
   stream costs its 16-bit bytes and no staging pass;
+* a matmul whose B is a bfloat16 tile read in place and whose A is bfloat16 in the graph (a
+  tile of a bfloat16 buffer; in a graph whose inputs and outputs are all bfloat16 also a
+  computed tile or one of a float32 intermediate, rounded to bfloat16 once where it is
+  computed, as the GPU printers round 16-bit dot operands) multiplies pairs along K with
+  AVX512-BF16 ``vdpbf16ps`` where the compile target has it (``YR_MM_BF16_DOT``; a target
+  pinned without ``avx512_bf16`` prints the widening path only): A's pairs packed once per
+  tile, B's rows k and k+1 interleaved per column by unpacks, the sums put back in column
+  order as they are stored; an A the graph keeps in float32 is never rounded. The
+  instruction reads bfloat16 subnormal inputs as zero and flushes subnormal results (it
+  ignores MXCSR), as the library GEMMs PyTorch runs on such CPUs do: a documented deviation
+  of this backend for bfloat16 dot products only (docs/backends.md); every kernel still
+  passes the numeric check and the dtype-extremes stress check (bfloat16 subnormals
+  included) before it may win;
 * a matmul whose B tile is read in place from memory (a weight: float32, or 16-bit read by
   matmuls only) prefetches each B row :data:`_STREAM_PREFETCH_BYTES` ahead of its loads into
   L2 (``YR_PREFETCH``), continuing into the same row of the next iteration's tile near the
@@ -56,7 +69,7 @@ import json
 import math
 import platform
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +99,7 @@ __all__ = [
 PLAN_FORMAT = FORMAT
 PLAN_VERSION = VERSION
 #: Version of the printer; part of every compile-cache key.
-CODEGEN_VERSION = "10"
+CODEGEN_VERSION = "11"
 
 #: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
 _STACK_LIMIT = 256 * 1024
@@ -259,6 +272,28 @@ def _blocking(m: int, nv: int, vregs: int) -> tuple[int, int]:
     return -best[1], -best[2]
 
 
+def _dot_blocking(m: int, units: int, vregs: int) -> tuple[int, int]:
+    """(units of 32 columns per step c, rows per block mb) of the bfloat16 dot kernel: a
+    unit costs two B loads and two unpacks per pair of k, a row one broadcast; the fewest
+    of those over the tile (c divides ``units``; mb·2c accumulators, 2c B vectors and two
+    temporaries fit the registers); ties go to fewer row blocks (B is read from memory by
+    the first), then to wider c."""
+    best: tuple[int, int, int, int] | None = None  # (cost, blocks, -c, -mb)
+    for c in (1, 2):
+        if units % c:
+            continue
+        for mb in range(1, m + 1):
+            if mb * 2 * c + 2 * c + 2 > vregs:
+                break
+            blocks = [mb] * (m // mb) + ([m % mb] if m % mb else [])
+            cost = (units // c) * sum(4 * c + rows for rows in blocks)
+            key = (cost, len(blocks), -c, -mb)
+            if best is None or key < best:
+                best = key
+    assert best is not None
+    return -best[2], -best[3]
+
+
 @dataclass(frozen=True)
 class _Matmul:
     """C (+)= A·B on row-major operands: base expressions and row strides (last stride 1)."""
@@ -329,6 +364,17 @@ def unary_expr(op: str, params: Sequence[float], x: str) -> str:
     return template.format(x=x)
 
 
+@dataclass(frozen=True)
+class _Decl:
+    """A block-private array: ``count`` elements of ``ctype`` (4 bytes each); ``dot`` arrays
+    exist only where the compile takes the bfloat16 dot path (``YR_MM_BF16_DOT``)."""
+
+    name: str
+    count: int
+    ctype: str = "float"
+    dot: bool = False
+
+
 class _KernelPrinter:
     def __init__(
         self,
@@ -336,6 +382,8 @@ class _KernelPrinter:
         buffers: Mapping[int, Buffer],
         symbol: str,
         simd_width_bits: int,
+        bf16_dot: bool = False,
+        graph_dtype: str | None = None,
     ) -> None:
         self.k = kernel
         self.buffers = buffers
@@ -346,10 +394,11 @@ class _KernelPrinter:
         self.counter = 0
         self.ops: dict[int, TileOp] = {op.id: op for op in kernel.ops}
         self.tiles: dict[int, _Tile] = {}
-        self.private_decls: list[tuple[str, int]] = []  # (name, floats)
+        self.private_decls: list[_Decl] = []
         self.grid = kernel.grid
         self.loop_range = kernel.forloop_range
         self._read_analyses()
+        self.dot_mm, self.dot_a = self._dot_matmuls(graph_dtype) if bf16_dot else (set(), {})
 
     # -- the plan's analyses ---------------------------------------------------------------
     def _name(self) -> str:
@@ -439,7 +488,7 @@ class _KernelPrinter:
 
     def _private(self, oid: int, dims: Sequence[int], prefix: str = "t") -> _Tile:
         name = f"{prefix}{oid}"
-        self.private_decls.append((name, _prod(dims)))
+        self.private_decls.append(_Decl(name, _prod(dims)))
         return _Tile(name, tuple(dims), _row_major(dims), True)
 
     # -- op emitters -----------------------------------------------------------------------
@@ -456,11 +505,7 @@ class _KernelPrinter:
             self._emit_shifted_input(w, oid, kin, buf, off)
             return
         masked = bool(kin.masked)  # masked edge tiles are staged, zero past the extent
-        if (
-            not masked
-            and tuple(tile) == dims
-            and (buf.dtype == "float32" or self._only_matmul_b(oid))
-        ):
+        if self._input_is_view(oid):
             name = f"v{oid}"
             ctype = _DTYPE_C[buf.dtype]
             w(f"const {ctype} *restrict {name} = B{bid} + {off};")
@@ -488,6 +533,19 @@ class _KernelPrinter:
                 val = f"({guard}) ? {val} : 0.0f"
             w(f"{priv.ptr}[{self._lin(idx, tile)}] = {val};")
 
+    def _input_is_view(self, oid: int) -> bool:
+        """Whether input op ``oid`` is read in place (a view of its buffer) rather than staged
+        into a private float tile: an unmasked, unshifted whole tile of a float32 buffer, or
+        of a 16-bit one that only matmuls read as B."""
+        kin = self._kinput(self.ops[oid])
+        buf = self.buffers[kin.buffer]
+        return (
+            kin.shift_load is None
+            and not kin.masked
+            and tuple(kin.tile) == self._dims(oid)
+            and (buf.dtype == "float32" or self._only_matmul_b(oid))
+        )
+
     def _only_matmul_b(self, oid: int) -> bool:
         """Whether every reader of ``oid`` is a matmul taking it as B (then a 16-bit tile is
         read in place and widened in the matmul's registers: no float copy is staged)."""
@@ -497,6 +555,89 @@ class _KernelPrinter:
         return bool(readers) and all(
             op.op == "matmul" and op.args[1] == oid and op.args[0] != oid for op in readers
         )
+
+    # -- the bfloat16 dot path (AVX512-BF16 vdpbf16ps) ----------------------------------------
+    def _dot_matmuls(self, graph_dtype: str | None) -> tuple[set[int], dict[int, bool]]:
+        """(matmul ids, {A op id: round A in place}) of the matmuls that take the bfloat16
+        dot path: B a bfloat16 tile read in place (a weight) and A bfloat16 in the graph (a
+        tile of a bfloat16 buffer, exact; or, in a graph whose inputs and outputs are all
+        bfloat16, a computed tile or one of a float32 intermediate, rounded to bfloat16 once).
+        An A tile read by other ops too is rounded in place where it is computed, so every
+        reader sees the value the dot multiplied (as the GPU printers do); an A that cannot be
+        (a view of a float32 intermediate that others read) keeps the float path."""
+        rounded: dict[int, bool] = {}  # A op -> rounded (not exact in bfloat16)
+        cand: dict[int, int] = {}  # matmul -> A op
+        for op in self.k.ops:
+            if op.op != "matmul":
+                continue
+            a, b = op.args
+            bop = self.ops[b]
+            if bop.op != "input" or not self._input_is_view(b):
+                continue
+            if self.buffers[self._kinput(bop).buffer].dtype != "bfloat16":
+                continue
+            exact = self._a_is_bf16(a, graph_dtype)
+            if exact is None:
+                continue
+            cand[op.id] = a
+            rounded[a] = not exact
+        dot_a: dict[int, bool] = {}
+        for a, rnd in rounded.items():
+            dots = {m for m, x in cand.items() if x == a}
+            others = [o for o in self.k.ops if a in o.args and o.id not in dots]
+            stored = any(out.src == a for out in self.k.outputs)
+            in_place = rnd and bool(others or stored)
+            if in_place and self.ops[a].op == "input" and self._input_is_view(a):
+                for m in dots:
+                    del cand[m]  # a view cannot be rounded in place for its other readers
+                continue
+            dot_a[a] = in_place
+        return set(cand), dot_a
+
+    def _a_is_bf16(self, a: int, graph_dtype: str | None) -> bool | None:
+        """Whether matmul operand A (op ``a``) is bfloat16 in the graph: True when its values
+        are bfloat16 already (a tile of a bfloat16 buffer), False when they are rounded to it
+        (computed, or of a float32 intermediate, in an all-bfloat16 graph), None when the
+        graph keeps A in float32 (then the dot path is not taken)."""
+        op = self.ops[a]
+        if op.op == "input" and self._kinput(op).shift_load is None:
+            buf = self.buffers[self._kinput(op).buffer]
+            if buf.dtype == "bfloat16":
+                return True
+            if buf.role != "intermediate":
+                return None
+        return False if graph_dtype == "bfloat16" else None
+
+    def _emit_dot_operand(self, w: _Writer, aid: int) -> None:
+        """A's rows as bfloat16 pairs along K, ``(a[k], a[k+1])`` in one 32-bit word (the
+        low half first, as vdpbf16ps reads them; an odd K's last pair is ``(a[k-1], 0)``),
+        into the private ``yr_ap<aid>``: once where A is computed, shared by every dot that
+        reads it. An A read by other ops too is first rounded to bfloat16 in place."""
+        t = self.tiles[aid]
+        dims = t.dims
+        kk = dims[-1]
+        kp = (kk + 1) // 2
+        rows = dims[:-1]
+        name = f"yr_ap{aid}"
+        self.private_decls.append(_Decl(name, _prod(rows) * kp, "uint32_t", dot=True))
+        w("#if defined(YR_MM_BF16_DOT)")
+        with w.block(f"/* op {aid} as bfloat16 pairs along K */"):
+            if self.dot_a[aid]:
+                n = _prod(dims)
+                w("#pragma omp simd")
+                w(f"for (int j = 0; j < {n}; ++j) {t.ptr}[j] = yr_bf2f(yr_f2bf({t.ptr}[j]));")
+            with self._nest(w, rows, simd=False) as ridx:
+                src = t.off([*ridx, "0"])
+                w(f"const float *restrict yr_r = {t.ptr} + {src};")
+                w(f"uint32_t *restrict yr_q = {name} + ({self._lin(ridx, rows)}) * {kp};")
+                w("#pragma omp simd")
+                w(
+                    f"for (int p = 0; p < {kk // 2}; ++p) yr_q[p] = (uint32_t)yr_f2bf(yr_r[2 * p])"
+                    " | ((uint32_t)yr_f2bf(yr_r[2 * p + 1]) << 16);"
+                )
+                if kk % 2:
+                    w(f"yr_q[{kp - 1}] = (uint32_t)yr_f2bf(yr_r[{kk - 1}]);")
+        w("#endif")
 
     def _m_tile(self, load: TileAccess) -> tuple[int, str, _Tile]:
         """(buffer id, base offset expression, tile view) of a ``shift_load``'s tile."""
@@ -664,11 +805,170 @@ class _KernelPrinter:
                 b_stream=STREAM_PREFETCH and not b.private,
                 b_step=b.iter_step if self.phase[oid] == "loop" else 0,
             )
+            dot = oid in self.dot_mm
+            if dot:
+                a_id = op.args[0]
+                kp = (kk + 1) // 2
+                pairs = _Tile(
+                    f"yr_ap{a_id}", (*a.dims[:-1], kp), _row_major((*a.dims[:-1], kp)), True
+                )
+                w("#if defined(YR_MM_BF16_DOT)")
+                self._emit_dot_microkernel(w, mm, f"{pairs.ptr} + {pairs.off([*bidx, '0', '0'])}")
+                w("#else")
             nfull = (n // self.vl) * self.vl if self.vl > 1 else 0
             if nfull:
                 self._emit_microkernel(w, mm, nfull)
             if nfull < n:
                 self._emit_matmul_columns(w, mm, nfull)
+            if dot:
+                w("#endif")
+
+    def _emit_dot_microkernel(self, w: _Writer, mm: _Matmul, pairs: str) -> None:
+        """C (+)= A·B with vdpbf16ps: B's rows k and k+1 interleaved per column
+        (``vpunpcklwd``/``vpunpckhwd`` of the two rows, 32 columns a unit) and A's pair
+        ``(a[k], a[k+1])`` (from ``pairs``, :meth:`_emit_dot_operand`) broadcast as one
+        32-bit word; the sums come out in the unpacks' column order and are put back in
+        order as they are stored (``yr_dot_cols``). Register-blocked like
+        :meth:`_emit_microkernel` (``mb`` rows by ``c`` units, B's rows prefetched in the
+        first row block); a column tail of fewer than 32 is one more unit with masked loads
+        and stores; an odd K's last row pairs with zero."""
+        units, tail = divmod(mm.n, 32)
+        j0 = self._fresh("j")
+        with w.block(""):
+            w(f"const uint32_t *restrict yr_pa = {pairs};")
+            if units:
+                c, mb = _dot_blocking(mm.m, units, self.vregs)
+                pf = self._stream_prefetch(mm, j0, 32 * c)
+                with w.block(f"for (int {j0} = 0; {j0} < {units * 32}; {j0} += {32 * c})"):
+                    if pf is not None:
+                        w(f"const int64_t yr_pf = {pf};")
+                    self._dot_row_blocks(w, mm, j0, c, mb, 0, pf is not None)
+            if tail:
+                _, mb = _dot_blocking(mm.m, 1, self.vregs)
+                self._dot_row_blocks(w, mm, str(units * 32), 1, mb, tail, False)
+
+    def _dot_row_blocks(
+        self, w: _Writer, mm: _Matmul, j0: str, c: int, mb: int, width: int, prefetch: bool
+    ) -> None:
+        """The row blocks of one column step at ``j0``: ``c`` units of 32 columns (``width``
+        columns of one unit when masked); the first block prefetches B's rows."""
+        full = (mm.m // mb) * mb
+        start = 0
+        if full and prefetch:
+            self._dot_body(w, mm, j0, c, mb, "0", width, True)
+            start = mb
+        if full > start:
+            i0 = self._fresh("i")
+            with w.block(f"for (int {i0} = {start}; {i0} < {full}; {i0} += {mb})"):
+                self._dot_body(w, mm, j0, c, mb, i0, width, False)
+        if mm.m % mb:
+            self._dot_body(w, mm, j0, c, mm.m % mb, str(full), width, prefetch and not full)
+
+    def _dot_body(
+        self,
+        w: _Writer,
+        mm: _Matmul,
+        j0: str,
+        c: int,
+        rows: int,
+        i0: str,
+        width: int,
+        fetch: bool,
+    ) -> None:
+        """``rows`` rows by ``c`` units: two accumulators a unit (the unpacks' low and high
+        columns), k in pairs; few accumulators split the pairs over ``u`` sets (the dot's
+        latency, as in :meth:`_emit_microkernel`)."""
+        kk = mm.k
+        npairs = kk // 2
+        kp = (kk + 1) // 2
+        u = 1
+        while rows * 2 * c * u < 8 and rows * 4 * c * u + 4 * c * u + 2 <= self.vregs:
+            u *= 2
+        u = max(1, min(u, npairs))
+        pmain = (npairs // u) * u
+        mask = f"(__mmask32){(1 << width) - 1:#x}u" if width else None
+        pf_lines = c  # a unit's row is 32 bfloat16: one cache line
+        acc = [
+            [[(f"yr_d{r}_{v}_{h}l", f"yr_d{r}_{v}_{h}h") for h in range(u)] for v in range(c)]
+            for r in range(rows)
+        ]
+
+        def load(ptr: str) -> str:
+            if mask is None:
+                return f"_mm512_loadu_si512((const void *)({ptr}))"
+            return f"_mm512_maskz_loadu_epi16({mask}, (const void *)({ptr}))"
+
+        def step(pexpr: str, h: int, odd: bool) -> None:
+            bk = f"yr_bk{h}"
+            w(f"const uint16_t *restrict {bk} = {mm.b} + 2 * ({pexpr}) * {mm.sb} + {j0};")
+            if fetch:
+                for row in ("",) if odd else ("", f" + {mm.sb}"):
+                    for line in range(pf_lines):
+                        at = f" + {64 * line}" if line else ""
+                        w(f"YR_PREFETCH((const char *)({bk}{row} + yr_pf){at});")
+            for v in range(c):
+                col = f" + {32 * v}" if v else ""
+                hi = "_mm512_setzero_si512()" if odd else load(f"{bk} + {mm.sb}{col}")
+                w(f"const __m512i yr_r{v}_{h} = {load(bk + col)}, yr_s{v}_{h} = {hi};")
+                w(f"const __m512bh yr_l{v}_{h} = YR_BF_LO(yr_r{v}_{h}, yr_s{v}_{h});")
+                w(f"const __m512bh yr_h{v}_{h} = YR_BF_HI(yr_r{v}_{h}, yr_s{v}_{h});")
+            for r in range(rows):
+                w(f"const __m512bh yr_q{r}_{h} = YR_BF_PAIR(yr_p{r}[{pexpr}]);")
+                for v in range(c):
+                    lo, hi_ = acc[r][v][h]
+                    w(f"{lo} = _mm512_dpbf16_ps({lo}, yr_l{v}_{h}, yr_q{r}_{h});")
+                    w(f"{hi_} = _mm512_dpbf16_ps({hi_}, yr_h{v}_{h}, yr_q{r}_{h});")
+
+        with w.block(""):
+            for r in range(rows):
+                w(f"const uint32_t *restrict yr_p{r} = yr_pa + ({i0} + {r}) * {kp};")
+            for r in range(rows):
+                names = [x for v in range(c) for h in range(u) for x in acc[r][v][h]]
+                w("__m512 " + ", ".join(f"{x} = _mm512_setzero_ps()" for x in names) + ";")
+            if pmain:
+                with w.block(f"for (int p = 0; p < {pmain}; p += {u})"):
+                    for h in range(u):
+                        with w.block(""):
+                            step(f"p + {h}" if h else "p", h, False)
+            if pmain < npairs:
+                with w.block(f"for (int p = {pmain}; p < {npairs}; ++p)"):
+                    step("p", 0, False)
+            if kk % 2:
+                with w.block(""):
+                    step(str(npairs), 0, True)
+            for r in range(rows):
+                w(f"float *restrict yr_cr{r} = {mm.c} + ({i0} + {r}) * {mm.sc} + {j0};")
+                for v in range(c):
+                    lo, hi_ = acc[r][v][0]
+                    if u > 1:
+                        w(f"{lo} = {' + '.join(acc[r][v][h][0] for h in range(u))};")
+                        w(f"{hi_} = {' + '.join(acc[r][v][h][1] for h in range(u))};")
+                    halves = (
+                        (0, f"YR_DOT_COLS0({lo}, {hi_})"),
+                        (16, f"YR_DOT_COLS1({lo}, {hi_})"),
+                    )
+                    for half, val in halves:
+                        dst = f"yr_cr{r} + {32 * v + half}"
+                        n = min(16, width - half) if width else 16
+                        if n <= 0:
+                            continue
+                        self._dot_store(w, dst, val, n, mm.accumulate)
+
+    @staticmethod
+    def _dot_store(w: _Writer, dst: str, val: str, n: int, accumulate: bool) -> None:
+        """Store (or add) 16 floats at ``dst``, the first ``n`` of them when masked."""
+        if n == 16:
+            if accumulate:
+                w(f"_mm512_storeu_ps({dst}, _mm512_add_ps(_mm512_loadu_ps({dst}), {val}));")
+            else:
+                w(f"_mm512_storeu_ps({dst}, {val});")
+            return
+        m = f"(__mmask16){(1 << n) - 1:#x}u"
+        if accumulate:
+            old = f"_mm512_maskz_loadu_ps({m}, {dst})"
+            w(f"_mm512_mask_storeu_ps({dst}, {m}, _mm512_add_ps({old}, {val}));")
+        else:
+            w(f"_mm512_mask_storeu_ps({dst}, {m}, {val});")
 
     def _emit_microkernel(self, w: _Writer, mm: _Matmul, nfull: int) -> None:
         """Register-blocked C[:, :nfull] (+)= A·B: ``mb`` rows by ``c`` vectors of independent
@@ -1008,6 +1308,8 @@ class _KernelPrinter:
         kind = op.op
         if kind == "input":
             self._emit_input(w, oid, op)  # views must stay visible: no scope of their own
+            if oid in self.dot_a:
+                self._emit_dot_operand(w, oid)
             return
         if kind == "accum" and oid in self.fused_accums:
             return
@@ -1016,6 +1318,8 @@ class _KernelPrinter:
         self._emit_op_body(w, oid, op, kind)
         w.ind -= 1
         w("}")
+        if kind != "accum" and oid in self.dot_a:  # an accumulator's value is final later
+            self._emit_dot_operand(w, oid)
 
     def _emit_op_body(self, w: _Writer, oid: int, op: TileOp, kind: str) -> None:
         if kind == "unary":
@@ -1067,6 +1371,9 @@ class _KernelPrinter:
                 self._emit_op(body, o)
         for o in accums:
             self._finish_accum(body, o, self.ops[o])
+        for o in accums:
+            if o in self.dot_a:
+                self._emit_dot_operand(body, o)
         for o in epi:
             self._emit_op(body, o)
         for i, out in enumerate(self.k.outputs):
@@ -1076,6 +1383,15 @@ class _KernelPrinter:
                 self._emit_shift_store(body, e, grp.shift_store)
         return self._function(body)
 
+    @staticmethod
+    def _declare(w: _Writer, d: _Decl, decl: str) -> None:
+        """One private array's declaration (dot-path arrays only where that path compiles)."""
+        if d.dot:
+            w("#if defined(YR_MM_BF16_DOT)")
+        w(decl)
+        if d.dot:
+            w("#endif")
+
     def _function(self, body: _Writer) -> str:
         stores = {g.shift_store.buffer for g in self.k.safe_softmax if g.shift_store is not None}
         loads = {i.shift_load.access.buffer for i in self.k.inputs if i.shift_load is not None}
@@ -1084,7 +1400,7 @@ class _KernelPrinter:
         )
         out_bufs = {o.buffer for o in self.k.outputs} | stores
         nblocks = _prod(self.grid)
-        heap = sum(n for _, n in self.private_decls) * 4 > _STACK_LIMIT
+        heap = sum(d.count for d in self.private_decls) * 4 > _STACK_LIMIT
         w = _Writer()
         w(f"/* kernel {self._name()!r}: grid {list(self.grid)}, forloop_range {self.loop_range} */")
         with w.block(f"int {self.symbol}(void **buffers)"):
@@ -1097,7 +1413,7 @@ class _KernelPrinter:
                 w("#pragma omp parallel num_threads(yr_threads())")
             with w.block(""):
                 if heap:
-                    total = sum(-(-n // 16) * 16 for _, n in self.private_decls)
+                    total = sum(-(-d.count // 16) * 16 for d in self.private_decls)
                     w(f"float *yr_scratch = (float *)aligned_alloc({self.align}, {total * 4});")
                     w("const int yr_fail = (yr_scratch == NULL);")
                 live = [a for a in (2, 1, 0) if self.grid[a] > 1]
@@ -1118,12 +1434,15 @@ class _KernelPrinter:
                     if heap:
                         w("if (yr_fail) continue;" if live else "if (yr_fail) goto yr_done;")
                         off = 0
-                        for name, n in self.private_decls:
-                            w(f"float *restrict {name} = yr_scratch + {off};")
-                            off += -(-n // 16) * 16
+                        for d in self.private_decls:
+                            ptr = "" if d.ctype == "float" else f"({d.ctype} *)"
+                            decl = f"{d.ctype} *restrict {d.name} = {ptr}(yr_scratch + {off});"
+                            self._declare(w, d, decl)
+                            off += -(-d.count // 16) * 16
                     else:
-                        for name, n in self.private_decls:
-                            w(f"float {name}[{n}] __attribute__((aligned({self.align})));")
+                        for d in self.private_decls:
+                            aligned = f"__attribute__((aligned({self.align})))"
+                            self._declare(w, d, f"{d.ctype} {d.name}[{d.count}] {aligned};")
                     w.lines.extend(_reindent(body.lines, w.ind))
                     if heap and not live:
                         w("yr_done:;")
@@ -1802,19 +2121,26 @@ def _f16_vec_c(vlb: int) -> str:
     return "\n".join(lines)
 
 
-def _vec_widen_c(vlb: int) -> str:
+def _vec_widen_c(vlb: int, bf16_dot: bool = False) -> str:
     """``yr_bf2f_vec`` / ``yr_h2f_vec``: one register of floats from 16-bit memory, for a
     matmul that reads its B tile in place (none for registers of one float: the micro-kernel
-    is not printed then)."""
+    is not printed then); with ``bf16_dot``, the bfloat16 dot path's helpers too."""
     if vlb < 8:
-        return _MATMUL_HALF_PATH % {"bf16_isa": "0"}
+        return _MATMUL_HALF_PATH % {"bf16_isa": "0", "bf16_dot": "0"}
     isa = "!defined(YR_SOFT_HALF) && defined(__AVX2__)" if vlb >= 32 else "0"
-    return _MATMUL_HALF_PATH % {"bf16_isa": isa} + _VEC_WIDEN % {
-        "vlb": vlb,
-        "hvlb": vlb // 2,
-        "f16_body": _f16_vec_c(vlb),
-        "bf16_body": _bf16_vec_c(vlb),
-    }
+    dot = "!defined(YR_SOFT_HALF) && defined(__AVX512BF16__) && defined(__AVX512BW__)"
+    paths = {"bf16_isa": isa, "bf16_dot": dot if bf16_dot else "0"}
+    return (
+        _MATMUL_HALF_PATH % paths
+        + _BF16_DOT
+        + _VEC_WIDEN
+        % {
+            "vlb": vlb,
+            "hvlb": vlb // 2,
+            "f16_body": _f16_vec_c(vlb),
+            "bf16_body": _bf16_vec_c(vlb),
+        }
+    )
 
 
 def _bf16_vec_c(vlb: int) -> str:
@@ -1854,10 +2180,14 @@ def _bf16_vec_c(vlb: int) -> str:
     return "\n".join(lines)
 
 
-_MATMUL_HALF_PATH = r"""/* How a matmul widens 16-bit B tiles in this compile (yr_matmul_half_path):
- * bfloat16 with AVX2 / AVX-512 zero extensions or the portable vector code, float16 by
- * YR_HALF_PATH. */
-#if %(bf16_isa)s
+_MATMUL_HALF_PATH = r"""/* How a matmul multiplies 16-bit B tiles in this compile
+ * (yr_matmul_half_path): bfloat16 by AVX512-BF16 dot products (YR_MM_BF16_DOT) where A
+ * is bfloat16 too, else widened with AVX2 / AVX-512 zero extensions (or the portable
+ * vector code); float16 widened by YR_HALF_PATH. */
+#if %(bf16_dot)s
+#define YR_MM_BF16_DOT 1
+#define YR_MM_BF16_PATH "avx512_bf16"
+#elif %(bf16_isa)s
 #define YR_MM_BF16_PATH "avx2"
 #else
 #define YR_MM_BF16_PATH "portable"
@@ -1865,6 +2195,24 @@ _MATMUL_HALF_PATH = r"""/* How a matmul widens 16-bit B tiles in this compile (y
 const char *yr_matmul_half_path(void) {
     return "bfloat16 " YR_MM_BF16_PATH ", float16 " YR_HALF_PATH;
 }
+"""
+
+_BF16_DOT = r"""#if defined(YR_MM_BF16_DOT)
+/* The bfloat16 dot path: vdpbf16ps adds a[k]*b[k] + a[k+1]*b[k+1] per 32-bit lane, the
+ * pairs in the low and high halves. B's rows k and k+1 interleaved by vpunpcklwd /
+ * vpunpckhwd give the pairs of columns 0-3, 8-11, 16-19, 24-27 (low) and 4-7, 12-15, 20-23,
+ * 28-31 (high) of a 32-column unit; YR_DOT_COLS0/1 put the sums of columns 0-15 / 16-31
+ * back in order. A's pair is one 32-bit word, broadcast. Subnormal inputs count as zero
+ * and subnormal results are flushed (the instruction ignores MXCSR). */
+#include <immintrin.h>
+#define YR_BF_LO(r0, r1) ((__m512bh)_mm512_unpacklo_epi16((r0), (r1)))
+#define YR_BF_HI(r0, r1) ((__m512bh)_mm512_unpackhi_epi16((r0), (r1)))
+#define YR_BF_PAIR(q) ((__m512bh)_mm512_set1_epi32((int)(q)))
+#define YR_DOT_COLS0(lo, hi) _mm512_permutex2var_ps((lo), _mm512_setr_epi32( \
+    0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23), (hi))
+#define YR_DOT_COLS1(lo, hi) _mm512_permutex2var_ps((lo), _mm512_setr_epi32( \
+    8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31), (hi))
+#endif
 """
 
 _VEC_WIDEN = r"""/* A matmul's B tile of float16/bfloat16 is read in place and widened one register
@@ -1886,9 +2234,29 @@ static inline void yr_h2f_vec(const yr_half *restrict p, yr_vf *restrict f) {
 """
 
 
-def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
+def _graph_dtype(buffers: Sequence[Buffer]) -> str | None:
+    """The dtype every input and output buffer of the plan shares (the graph's: the IR
+    rejects mixed dtypes), None where they differ (a hand-written plan)."""
+    dtypes = {b.dtype for b in buffers if b.role in ("input", "output")}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def bf16_dot_enabled(simd_width_bits: int, isa_features: Collection[str] | None) -> bool:
+    """Whether matmuls print the bfloat16 dot path (compiled where the flags enable
+    AVX512-BF16): 512-bit vectors and a target whose ``isa_features`` name ``avx512_bf16``
+    (None: not pinned, the preprocessor alone decides)."""
+    return simd_width_bits >= 512 and (isa_features is None or "avx512_bf16" in isa_features)
+
+
+def generate(
+    plan: Any, *, simd_width_bits: int = 256, isa_features: Collection[str] | None = None
+) -> CpuSource:
     """Print ``plan`` (anything :func:`yirage.plan.parse_plan` reads: a dict, JSON text, an
-    object with ``to_json()``) as C source."""
+    object with ``to_json()``) as C source for ``simd_width_bits``-wide vectors.
+    ``isa_features`` pins the target's vector ISA features (/proc/cpuinfo's spelling, as
+    :func:`yirage_cpu._device_spec.isa_features` records them): an ISA path whose feature
+    it lacks is not printed (the bfloat16 dot path needs ``avx512_bf16``); None prints every
+    path and the preprocessor picks by the compile flags."""
     p = parse_plan(plan)
     for b in p.buffers:
         if b.dtype not in _DTYPE_C:
@@ -1897,6 +2265,8 @@ def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
                 f"{', '.join(_DTYPE_C)}"
             )
     buffers = {b.id: b for b in p.buffers}
+    dot = bf16_dot_enabled(simd_width_bits, isa_features)
+    graph_dtype = _graph_dtype(p.buffers)
     functions: list[str] = []
     steps: list[Step] = []
     used: set[str] = set()
@@ -1910,7 +2280,7 @@ def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
             symbol = f"yr_lib{index}_{_ident(op)}"
             used.add(symbol)
             if gk is not None:
-                printer = _KernelPrinter(gk, buffers, symbol, simd_width_bits)
+                printer = _KernelPrinter(gk, buffers, symbol, simd_width_bits, dot, graph_dtype)
                 functions.append(printer.print())
             else:
                 functions.append(_LibraryPrinter(kernel, buffers, symbol).print())
@@ -1923,7 +2293,8 @@ def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
             symbol = f"{base}_{n}"
             n += 1
         used.add(symbol)
-        functions.append(_KernelPrinter(kernel, buffers, symbol, simd_width_bits).print())
+        printer = _KernelPrinter(kernel, buffers, symbol, simd_width_bits, dot, graph_dtype)
+        functions.append(printer.print())
         steps.append(Step("generated", index, symbol))
     plan_dict: dict[str, Any] = json.loads(p.text)
     prelude = _PRELUDE % {
@@ -1931,7 +2302,7 @@ def generate(plan: Any, *, simd_width_bits: int = 256) -> CpuSource:
         "graph_hash": str(plan_dict.get("graph_hash", "?"))[:64].replace("*/", ""),
         "simd": simd_width_bits,
         "vlb": max(4, simd_width_bits // 8),
-        "vec_widen": _vec_widen_c(max(4, simd_width_bits // 8)),
+        "vec_widen": _vec_widen_c(max(4, simd_width_bits // 8), dot),
     }
     code = prelude + "\n" + "\n\n".join(functions) + "\n"
     return CpuSource(code=code, plan=plan_dict, steps=tuple(steps), simd_width_bits=simd_width_bits)

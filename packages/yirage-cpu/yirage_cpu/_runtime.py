@@ -385,7 +385,8 @@ class CpuLauncher:
         self.float16_path = (half_path() or b"").decode("ascii")
         mm_path = self._dll.yr_matmul_half_path
         mm_path.restype = ctypes.c_char_p
-        #: How matmuls widen 16-bit B tiles in registers ("bfloat16 avx2, float16 f16c").
+        #: How matmuls multiply 16-bit B tiles ("bfloat16 avx2, float16 f16c"; bfloat16
+        #: "avx512_bf16": dot products where A is bfloat16 too).
         self.matmul_half_path = (mm_path() or b"").decode("ascii")
         self._nt = ctypes.c_int.in_dll(self._dll, "yr_nt")
         self._nt.value = self.thread_policy.current()

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from yirage import plugin
 from yirage.plugin import Backend, BackendError, BackendUnavailableError
+from yirage_cpu import _codegen
 from yirage_cpu._codegen import CODEGEN_VERSION
 from yirage_cpu._probe import _COMPILERS
 
@@ -472,12 +473,15 @@ def float16_path(features: tuple[str, ...]) -> str:
 
 
 def matmul_half_path(features: tuple[str, ...], simd_width_bits: int | None = None) -> str:
-    """How the printed matmuls widen float16/bfloat16 B tiles in registers with
-    ``features`` (the printer's ``yr_matmul_half_path()``): bfloat16 by AVX2 / AVX-512 zero
-    extensions (``avx2``, registers of 256 bits or more) or portable vector code, float16
-    by :func:`float16_path`'s instructions."""
+    """How the printed matmuls multiply float16/bfloat16 B tiles with ``features`` (the
+    printer's ``yr_matmul_half_path()``): bfloat16 by AVX512-BF16 dot products
+    (``avx512_bf16``, 512-bit registers; where A is bfloat16, else widened as with AVX-512),
+    by AVX2 / AVX-512 zero extensions (``avx2``, registers of 256 bits or more) or portable
+    vector code; float16 widened by :func:`float16_path`'s instructions."""
     wide = simd_width_bits is None or simd_width_bits >= 256
     bf16 = "avx2" if wide and ("avx2" in features or "avx512f" in features) else "portable"
+    if _codegen.bf16_dot_enabled(simd_width_bits or 512, features):
+        bf16 = "avx512_bf16"
     return f"bfloat16 {bf16}, float16 {float16_path(features)}"
 
 
