@@ -104,50 +104,6 @@ fn held_for_fewest(
     })
 }
 
-/// The structures (skeleton indices, best estimate first) whose best estimate is within
-/// [`FEWEST_KERNELS_RATIO`] of the best one's, given `(skeleton, estimate)` in estimate order:
-/// the model cannot order them, so each is owed one of the top-k (see [`held_for_near`]).
-fn near_structures(ranked: impl Iterator<Item = (usize, f64)>) -> Vec<usize> {
-    let mut near: Vec<usize> = vec![];
-    let mut best = None;
-    for (skel, est) in ranked {
-        let b = *best.get_or_insert(est);
-        if est > FEWEST_KERNELS_RATIO * b {
-            break;
-        }
-        if !near.contains(&skel) {
-            near.push(skel);
-        }
-    }
-    near
-}
-
-/// Whether a further tiling of structure `skel` (which has `per_skel[skel]` verified ones)
-/// must wait in the first pass: each of the `near` structures after the best one, as many as
-/// `top_k - 2` leave free (the best structure keeps two slots for its tilings), is owed one
-/// slot, and only the slots nobody is owed are free. The model errs most between structures:
-/// on the H200, LoRA at 16 rows had three two-kernel tilings that differed only in the grid of
-/// a small reduction kernel (predicted 13.3 µs, ran 22-23) take the slots from a one-kernel
-/// structure predicted 10 % slower that ran 9.2 µs.
-fn held_for_near(
-    near: &[usize],
-    per_skel: &[usize],
-    verified: usize,
-    top_k: usize,
-    skel: usize,
-) -> bool {
-    if per_skel[skel] == 0 {
-        return false;
-    }
-    let owed = near
-        .iter()
-        .skip(1)
-        .take(top_k.saturating_sub(2))
-        .filter(|&&s| s != skel && per_skel[s] == 0)
-        .count();
-    verified + owed >= top_k
-}
-
 /// How many candidates the verification loop fingerprints at once: with few threads one
 /// fingerprint keeps them busy; the memory of each (16-byte field values, about twice the
 /// target's tensors) must fit in half of the available memory.
@@ -1243,7 +1199,6 @@ fn verify_space(
         .filter(|r| r.est_us <= FEWEST_KERNELS_RATIO * best_est)
         .map(|r| space.kernels[r.skel])
         .min();
-    let near = near_structures(reals.iter().map(|r| (r.skel, r.est_us)));
     let runner_up = reals
         .iter()
         .take_while(|r| r.est_us <= RUNNER_UP_RATIO * best_est)
@@ -1293,8 +1248,7 @@ fn verify_space(
             let k = space.kernels[skel];
             !second
                 && (per_skel[skel] >= cap
-                    || held_for_fewest(&verified_kernels, fewest, cfg.top_k, k)
-                    || held_for_near(&near, &per_skel, verified.len(), cfg.top_k, skel))
+                    || held_for_fewest(&verified_kernels, fewest, cfg.top_k, k))
         };
         if held_back(queue[qi - 1]) {
             skipped.push(queue[qi - 1]);

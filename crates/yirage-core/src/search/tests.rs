@@ -524,35 +524,6 @@ fn tiling_key_drops_op_lists_only() {
 }
 
 #[test]
-fn structures_the_model_cannot_order_get_one_slot_each() {
-    // estimates: structure 0 at 13.3 (three tilings), 1 at 13.5, 2 at 14.7, 3 at 17.0 (too far)
-    let ranked = [
-        (0, 13.3),
-        (0, 13.3),
-        (0, 13.3),
-        (1, 13.5),
-        (1, 14.3),
-        (2, 14.7),
-        (3, 17.0),
-    ];
-    let near = super::near_structures(ranked.into_iter());
-    assert_eq!(near, vec![0, 1, 2]);
-    // top-4: the best structure's second tiling is free (structures 1 and 2 owe two slots)
-    assert!(!super::held_for_near(&near, &[1, 0, 0, 0], 1, 4, 0));
-    // its third waits while 1 and 2 have none; so does 1's second while 2 has none
-    assert!(super::held_for_near(&near, &[2, 0, 0, 0], 2, 4, 0));
-    assert!(super::held_for_near(&near, &[2, 1, 0, 0], 3, 4, 1));
-    // a structure's first tiling never waits, and once every near one is in, nothing does
-    assert!(!super::held_for_near(&near, &[2, 0, 0, 0], 2, 4, 2));
-    assert!(!super::held_for_near(&near, &[1, 1, 1, 0], 3, 4, 0));
-    // top-3 owes one slot only (the best keeps two): structure 2 is not owed one
-    assert!(!super::held_for_near(&near, &[1, 1, 0, 0], 2, 3, 0));
-    assert!(super::held_for_near(&near, &[2, 0, 0, 0], 2, 3, 0));
-    // top-2 and top-1 owe nothing
-    assert!(!super::held_for_near(&near, &[1, 0, 0, 0], 1, 2, 0));
-}
-
-#[test]
 fn last_slot_waits_for_the_fewest_kernels() {
     // two of three slots hold two-kernel candidates: a third two-kernel one waits while a
     // single-kernel candidate is close enough to the best, a one-kernel one does not

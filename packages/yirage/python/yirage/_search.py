@@ -50,8 +50,7 @@ PRESETS = ("attention", "mlp", "lora")
 _CACHE_FORMAT = "yirage.search_cache"
 #: 2: candidates whose unshifted exp feeds a generated kernel are no longer offered.
 #: 3: the enumeration deepens by kernel count and cuts mixed dims (it finds forms that 2 missed).
-#: 4: every structure the model cannot order gets one of the top-k before a second tiling.
-_CACHE_VERSION = 4
+_CACHE_VERSION = 3
 #: States the enumeration explores by default (``max_states``): see the core's
 #: ``DEFAULT_MAX_STATES`` for why a count and why this one.
 DEFAULT_MAX_STATES = 1_000_000
