@@ -88,3 +88,34 @@ def test_a_negative_verification_budget_is_refused_with_the_option_named() -> No
     for bad in (-1, 1.5, True):
         with pytest.raises(yr.ConfigError, match="verify_work_limit"):
             yr.search(rmsnorm_linear(), device_spec=H100, cache=False, verify_work_limit=bad)
+
+
+def test_every_entry_point_has_the_same_default_top_k() -> None:
+    import inspect
+
+    from yirage import _search, export
+
+    entry_points = (
+        yr.search,
+        yr.superoptimize,
+        yr.KernelGraph.superoptimize,
+        export.export_kernels,
+    )
+    defaults = {
+        f.__qualname__: inspect.signature(f).parameters["top_k"].default for f in entry_points
+    }
+    assert set(defaults.values()) == {_search.DEFAULT_TOP_K}, defaults
+
+
+def test_the_last_slot_goes_to_another_close_family() -> None:
+    """LoRA at 16 rows on the pinned H200: the leading family (B multiplied after the loop,
+    its tilings and split-K forms) would fill every slot; the form multiplying by B inside the
+    loop, estimated 11 % slower, gets the last one."""
+    from yirage.devices import get_device_spec
+
+    g = _workloads.get_workload("lora").graph("gpu")
+    res = yr.search(g, device_spec=get_device_spec("H200"), cache=False)
+    fused = [c.label for c in res.candidates if not c.baseline]
+    assert len(fused) == 5, fused
+    assert any("matmul,matmul,matmul,add,accum_iter" in lab for lab in fused), fused
+    assert sum("matmul,matmul,accum_iter,accum_iter,matmul,add" in lab for lab in fused) == 4

@@ -524,6 +524,43 @@ fn tiling_key_drops_op_lists_only() {
 }
 
 #[test]
+fn families_ignore_tilings_and_split_k_sums() {
+    let one = "custom[grid=128x1x1 loop=8: matmul,matmul,accum_iter,accum_iter,matmul,add]";
+    let split = "custom[grid=2x64x1 loop=4: matmul,matmul,accum_iter,accum_iter,matmul,add] ; custom[grid=128x1x1 loop=2: accum_iter]";
+    let inside = "custom[grid=64x1x1 loop=8: matmul,matmul,matmul,add,accum_iter]";
+    let lib = "matmul ; custom[grid=16x1x1 loop=8: matmul,accum_iter,matmul,add]";
+    assert_eq!(super::family_key(one), super::family_key(split));
+    assert_eq!(
+        super::family_key(one),
+        "matmul,matmul,accum_iter,accum_iter,matmul,add"
+    );
+    assert_ne!(super::family_key(one), super::family_key(inside));
+    assert_eq!(
+        super::family_key(lib),
+        "matmul ; matmul,accum_iter,matmul,add"
+    );
+}
+
+#[test]
+fn last_slot_waits_for_another_family() {
+    // three of four slots hold the leading family: a fourth of it waits while it is close to
+    // the best estimate; another family's candidate does not wait
+    assert!(super::held_for_other_family(&[true; 3], 4, true, true));
+    assert!(!super::held_for_other_family(&[true; 3], 4, false, true));
+    // past the ratio no other family can come close: nothing waits
+    assert!(!super::held_for_other_family(&[true; 3], 4, true, false));
+    // slots left over, another family already in, or a top-1 search: nothing waits
+    assert!(!super::held_for_other_family(&[true; 2], 4, true, true));
+    assert!(!super::held_for_other_family(
+        &[true, false, true],
+        4,
+        true,
+        true
+    ));
+    assert!(!super::held_for_other_family(&[], 1, true, true));
+}
+
+#[test]
 fn last_slot_waits_for_the_fewest_kernels() {
     // two of three slots hold two-kernel candidates: a third two-kernel one waits while a
     // single-kernel candidate is close enough to the best, a one-kernel one does not

@@ -485,7 +485,7 @@ class KernelGraph(_ElementwiseOps[DTensor]):
         self,
         backend: str | Backend | None = None,
         config: object = None,
-        top_k: int = 4,
+        top_k: int = 5,  # yirage._search.DEFAULT_TOP_K (which imports this module)
         check: bool = True,
         **search_options: Any,
     ) -> OptimizedKernel:

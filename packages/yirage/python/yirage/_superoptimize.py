@@ -152,7 +152,7 @@ def superoptimize(
     graph: KernelGraph,
     backend: str | Backend | None = None,
     config: Any = None,
-    top_k: int = 4,
+    top_k: int = _search.DEFAULT_TOP_K,
     check: bool = True,
     *,
     cache: bool = True,

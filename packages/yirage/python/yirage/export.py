@@ -24,7 +24,7 @@ from yirage._backend import DeviceSpec
 from yirage._errors import BackendError, ConfigError, YirageError
 from yirage._graph import KernelGraph
 from yirage._registry import _get_backend
-from yirage._search import search
+from yirage._search import DEFAULT_TOP_K, search
 from yirage._version import __version__
 
 __all__ = ["ExportResult", "export_kernels"]
@@ -107,7 +107,7 @@ def export_kernels(
     *,
     preset: str = "gpu",
     device: str | None = None,
-    top_k: int = 4,
+    top_k: int = DEFAULT_TOP_K,
     time_limit: float | None = 60,
     allow_spills: bool = False,
     cache: bool = True,
