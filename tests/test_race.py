@@ -200,6 +200,32 @@ def test_the_screen_drops_contenders_far_behind(searches: list[int]) -> None:
     assert cand.variant_us == {"right": TIMES["right"], "slow": TIMES["slow"]}
 
 
+def test_the_screen_lets_a_profiler_give_up_far_past_the_fastest(searches: list[int]) -> None:
+    """After the first screened contender, every screen turn carries ``give_up_us`` =
+    SCREEN_GIVE_UP times the fastest screen time so far; the rounds never do."""
+    be = _NumpyBackend(["right", "slow"])
+    yr.superoptimize(_graph(), backend=be, cache=False)
+    screen = [o for _, o in be.profiled if o["min_time_s"] == _race.SCREEN_OPTIONS["min_time_s"]]
+    assert len(screen) == 4 and "give_up_us" not in screen[0]
+    assert all(o["give_up_us"] == _race.SCREEN_GIVE_UP * TIMES["right"] for o in screen[1:])
+    rounds = [o for _, o in be.profiled if o["min_time_s"] != _race.SCREEN_OPTIONS["min_time_s"]]
+    assert rounds and all("give_up_us" not in o for o in rounds)
+
+
+def test_a_profiler_without_the_option_never_gets_it(searches: list[int]) -> None:
+    class Explicit(_NumpyBackend):
+        def profile(
+            self, launcher: Any, inputs: Any, min_time_s: float = 0.2, min_repeats: int = 3
+        ) -> Any:  # type: ignore[override]
+            return super().profile(launcher, inputs, min_time_s=min_time_s, min_repeats=min_repeats)
+
+    be = Explicit(["right", "slow"])
+    yr.superoptimize(_graph(), backend=be, cache=False)
+    assert be.profiled and all("give_up_us" not in o for _, o in be.profiled)
+    assert _race.takes_option(_NumpyBackend().profile, "give_up_us")
+    assert not _race.takes_option(be.profile, "give_up_us")
+
+
 def test_one_variant_per_plan_means_no_screen(searches: list[int]) -> None:
     be = _NumpyBackend(["right"])
     k = yr.superoptimize(_graph(), backend=be, cache=False)

@@ -597,10 +597,12 @@ def profile(
     min_time_s: float = 0.2,
     max_time_s: float = 5.0,
     max_repeats: int = 100_000,
+    **_other: Any,
 ) -> ProfileResult:
     """Time ``fn(*inputs)``: ``warmup`` calls (at least 10 ms), then repeats until both
     ``min_repeats`` calls and ``min_time_s`` have passed (bounded by ``max_time_s``);
-    per-call times from ``time.perf_counter_ns``."""
+    per-call times from ``time.perf_counter_ns``. Options meant for other backends' profilers
+    are accepted and ignored."""
     t_start = time.perf_counter()
     done = 0
     while done < warmup or (time.perf_counter() - t_start < 0.01 and done < 1000):

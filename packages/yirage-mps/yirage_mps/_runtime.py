@@ -166,10 +166,11 @@ def profile(
     min_repeats: int = 3,
     min_time_s: float = 0.2,
     max_time_s: float = 5.0,
+    **_other: Any,
 ) -> ProfileResult:
     """Time ``launcher`` on ``inputs`` after ``warmup`` runs: at least ``min_repeats`` runs
     and ``min_time_s`` seconds (bounded by ``max_time_s``); MPS events on the GPU, wall clock
-    in the emulator."""
+    in the emulator. Options meant for other backends' profilers are accepted and ignored."""
     checked = launcher.check(inputs)
     for _ in range(warmup):
         launcher.run_unchecked(checked)

@@ -142,8 +142,10 @@ def profile(
     min_repeats: int = 20,
     min_time_s: float = 0.1,
     max_time_s: float = 5.0,
+    **_other: Any,
 ) -> ProfileResult:
-    """Time ``launcher`` on ``inputs`` (jax arrays): every call waits for its outputs."""
+    """Time ``launcher`` on ``inputs`` (jax arrays): every call waits for its outputs.
+    Options meant for other backends' profilers are accepted and ignored."""
     jax = require_jax()
     args = launcher.check(inputs)
     for _ in range(max(1, warmup)):
