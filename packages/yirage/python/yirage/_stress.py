@@ -94,6 +94,8 @@ class StressSet:
     arrays: list[np.ndarray]
     reference: list[np.ndarray]
     perturbed: Callable[[float, int], list[np.ndarray]] | None = None
+    #: :func:`rounded_reference` of ``reference`` where it was computed with the set.
+    rounded: list[np.ndarray] | None = None
 
 
 def stress_tolerance(dtype: str) -> float:
