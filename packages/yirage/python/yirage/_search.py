@@ -59,7 +59,7 @@ _CACHE_VERSION = 4
 DEFAULT_TOP_K = 5
 #: States the enumeration explores by default (``max_states``): see the core's
 #: ``DEFAULT_MAX_STATES`` for why a count and why this one.
-DEFAULT_MAX_STATES = 1_000_000
+DEFAULT_MAX_STATES = 500_000
 #: Optional link figures of the core's spec (collective costs); power stays in Python.
 _LINK_FIELDS = ("link_bandwidth_gbps", "link_latency_us")
 #: Optional cache sizes of a CPU (the core's CPU cost terms).
