@@ -82,9 +82,20 @@ def test_to_json_round_trips_through_the_core() -> None:
 
 def _from_json(text: str) -> dict[str, Any]:
     d: dict[str, Any] = json.loads(text)
-    if d["matrix_tile"] is not None:
-        d["matrix_tile"] = tuple(d["matrix_tile"])
+    for key in ("matrix_tile", "isa_features"):
+        if d[key] is not None:
+            d[key] = tuple(d[key])
     return d
+
+
+def test_isa_features_are_recorded_shown_and_kept_from_the_core() -> None:
+    spec = _spec(execution_model="cpu", isa_features=("avx512f", "avx512_bf16"))
+    assert yr.DeviceSpec(**_from_json(spec.to_json())) == spec
+    assert json.loads(spec.to_json())["isa_features"] == ["avx512f", "avx512_bf16"]
+    assert "ISA avx512f avx512_bf16" in spec.summary()
+    core, _ = device_spec_json(spec, "cpu")
+    assert "isa_features" not in json.loads(core)  # the search does not read them
+    assert json.loads(_spec().to_json())["isa_features"] is None
 
 
 def test_a_bad_execution_model_is_refused_naming_the_field_and_the_values() -> None:

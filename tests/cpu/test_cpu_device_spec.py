@@ -24,6 +24,14 @@ def test_live_spec_has_a_budget_and_simd_width() -> None:
     assert spec.simd_width_bits in (128, 256, 512)
 
 
+def test_live_spec_records_the_isa_features_the_compile_enables() -> None:
+    be = CpuBackend()
+    spec = be.device_spec()
+    assert spec.isa_features == be.isa_features()
+    if spec.simd_width_bits == 512:  # -march=native on an AVX-512 host
+        assert spec.isa_features is not None and "avx512f" in spec.isa_features
+
+
 def _fake_sysctl(values: dict[str, str]) -> Callable[[str], str | None]:
     return values.get
 

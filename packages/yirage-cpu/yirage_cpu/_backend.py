@@ -62,13 +62,16 @@ class CpuBackend(Backend):
         """The live spec; ``simd_width_bits`` is the width generated code is compiled for
         (:func:`yirage_cpu._toolchain.host_simd_width_bits`: the detected ISA's with
         ``-march=native``, 128 bits with the portable flags), so the search's cost model, the
-        cache keys built from the spec and the printer agree with the compile."""
+        cache keys built from the spec and the printer agree with the compile; ``isa_features``
+        are the features that compile enables (:meth:`isa_features`)."""
         spec = _device_spec.device_spec()
         if spec is None:
             raise self._unavailable(self.probe().reason)
         bits = _toolchain.host_simd_width_bits(spec.simd_width_bits)
         if bits != spec.simd_width_bits:
             spec = dataclasses.replace(spec, simd_width_bits=bits)
+        if hasattr(spec, "isa_features"):  # a yirage whose DeviceSpec records them
+            spec = dataclasses.replace(spec, isa_features=_features_for(bits))
         return spec
 
     def known_devices(self) -> dict[str, DeviceSpec]:
@@ -87,12 +90,7 @@ class CpuBackend(Backend):
         ``-march=native`` the host's (:func:`yirage_cpu._toolchain.isa_features`). The
         printer prints the paths of these features only (the bfloat16 dot path needs
         ``avx512_bf16``). Empty without a usable compiler (nothing is built then)."""
-        try:
-            cc = _toolchain.find_compiler()
-            flags, _ = _toolchain.select_flags(cc, self._simd_bits())
-        except BackendError:
-            return ()
-        return _toolchain.isa_features(set(_toolchain.predefined_macros(cc, flags)))
+        return _features_for(self._simd_bits())
 
     # -- the pipeline ------------------------------------------------------------------------
     def codegen(self, plan: Any) -> _codegen.CpuSource:
@@ -185,3 +183,14 @@ class CpuBackend(Backend):
         if notes:
             info["notes"] = "; ".join(notes)
         return info
+
+
+def _features_for(simd_width_bits: int) -> tuple[str, ...]:
+    """The vector ISA features the compile for ``simd_width_bits`` enables (empty without a
+    usable compiler: nothing is built then)."""
+    try:
+        cc = _toolchain.find_compiler()
+        flags, _ = _toolchain.select_flags(cc, simd_width_bits)
+    except BackendError:
+        return ()
+    return _toolchain.isa_features(set(_toolchain.predefined_macros(cc, flags)))

@@ -62,7 +62,10 @@ class DeviceSpec:
 
     ``l1d_bytes`` and ``l3_bytes`` (CPUs) are a core's L1 data cache and the L3 all cores
     share (``l2_bytes`` is then the per-core L2); the core's CPU cost terms read them. None:
-    not known.
+    not known. ``isa_features`` (CPUs) names the vector ISA features generated code is
+    compiled for, in ``/proc/cpuinfo``'s spelling (``avx512f``, ``avx512_bf16``, ``f16c``,
+    ``asimd``, …): the printer's paths follow them (the bfloat16 dot products need
+    ``avx512_bf16``). None: not recorded (datasheet specs); the search does not read them.
     """
 
     name: str
@@ -89,6 +92,7 @@ class DeviceSpec:
     link_bandwidth_gbps: float | None = None
     link_latency_us: float | None = None
     power_watts: float | None = None
+    isa_features: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_links(self)
@@ -148,6 +152,8 @@ class DeviceSpec:
             d["matrix_tile"] = list(self.matrix_tile)
         if self.tiling is not None:
             d["tiling"] = list(self.tiling)
+        if self.isa_features is not None:
+            d["isa_features"] = list(self.isa_features)
         return d
 
     def to_json(self) -> str:
@@ -171,6 +177,8 @@ class DeviceSpec:
             parts.append(f"{self.peak_tflops_fp16:g} TFLOPS fp16")
         if self.simd_width_bits is not None:
             parts.append(f"SIMD {self.simd_width_bits} bit")
+        if self.isa_features:
+            parts.append("ISA " + " ".join(self.isa_features))
         if self.tiling is not None:
             parts.append(f"blocks of ({self.tiling[0]}, {self.tiling[1]}) x 32-bit")
         parts.append(f"source: {self.source}")

@@ -128,8 +128,9 @@ def _spec_summary(spec: dict[str, Any]) -> str:
     from yirage._backend import DeviceSpec
 
     fields = dict(spec)
-    if fields.get("matrix_tile") is not None:
-        fields["matrix_tile"] = tuple(fields["matrix_tile"])
+    for key in ("matrix_tile", "tiling", "isa_features"):
+        if fields.get(key) is not None:
+            fields[key] = tuple(fields[key])
     return DeviceSpec(**fields).summary()
 
 

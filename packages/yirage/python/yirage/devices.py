@@ -500,7 +500,7 @@ _OPTIONAL = (
     "l3_bytes",
 )
 #: DeviceSpec fields the core's spec JSON does not take.
-_NOT_CORE = ("name", "arch", "simd_width_bits", "source", "power_watts")
+_NOT_CORE = ("name", "arch", "simd_width_bits", "source", "power_watts", "isa_features")
 
 
 def _check_figures(spec: DeviceSpec, backend: str) -> None:
