@@ -27,6 +27,15 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
   ``m`` at the group's ``shift_store``. A ``shift_carry`` kernel keeps the running max ``M`` of
   its shifted inputs' maxima, rescales the listed accumulators by ``exp(M_old - M_new)`` and
   uses each shifted tile as ``x · exp(m - M)`` (a row whose maxima are all -inf uses 0).
+* Masked edge tiles (an access's ``masked`` dims): the plan's grid is already
+  ``cdiv(extent, tile)`` blocks, so the last block of such a BlockSpec is partial. What a
+  kernel reads past the extent there is undefined on a TPU (interpret mode reads NaN), so
+  every masked input is loaded as ``jnp.where(inside, x, 0)``, ``inside`` comparing the
+  block's start (``pl.program_id`` · stride) plus a ``broadcasted_iota`` over the block with
+  the extent: loads read zero past it, as the plan states, before any op sees them. Stores
+  need no mask: Pallas drops the part of a partial output block past the array on a TPU,
+  and interpret mode slices it off. A masked block obeys the tiling rule like any other
+  (only a whole dim is exempt); masked tiles with shifted partials are refused.
 """
 
 from __future__ import annotations
@@ -44,14 +53,13 @@ from yirage.plan import (
     TileAccess,
     TileOp,
     parse_plan,
-    refuse_masked,
 )
 from yirage.plugin import DeviceSpec
 
 __all__ = ["CODEGEN_VERSION", "PallasSource", "check_blocks", "generate_pallas"]
 
 #: Bumped whenever the printed text for the same plan changes (part of cache keys).
-CODEGEN_VERSION = "pallas-2"
+CODEGEN_VERSION = "pallas-3"
 #: Grid axis names in the printed index maps (the plan's block indices, then the loop).
 _AXES = ("bx", "by", "bz", "it")
 _JNP_DTYPE = {"float32": "jnp.float32", "float16": "jnp.float16", "bfloat16": "jnp.bfloat16"}
@@ -106,9 +114,15 @@ def check_blocks(plan: Plan, spec: DeviceSpec) -> None:
             buf = plan.buffer(acc.buffer)
             why = spec.block_error(acc.tile, buf.dims, buf.dtype)
             if why is not None:
+                edge = (
+                    " (a masked edge tile: its partial last block is no whole dim, so the rule "
+                    "applies to it)"
+                    if acc.masked
+                    else ""
+                )
                 raise CodegenError(
-                    f"kernel {k.name!r}, {what} (buffer {buf.id}): {why}; search with this "
-                    f"DeviceSpec (its tiling field) so the search proposes legal tiles"
+                    f"kernel {k.name!r}, {what} (buffer {buf.id}): {why}{edge}; search with "
+                    f"this DeviceSpec (its tiling field) so the search proposes legal tiles"
                 )
 
 
@@ -135,6 +149,27 @@ def _index_map(acc: TileAccess, where: str) -> str:
 def _block_spec(acc: TileAccess, where: str) -> str:
     shape = ", ".join(str(t) for t in acc.tile) + ("," if len(acc.tile) == 1 else "")
     return f"pl.BlockSpec(({shape}), {_index_map(acc, where)})"
+
+
+def _edge_mask(acc: TileAccess) -> str:
+    """``_in_bounds(shape, (dim, start, extent), ...)``: where the access's block lies inside
+    the buffer along each masked dim (start = the block's first index, from the grid)."""
+    edges = []
+    for m in acc.masked:
+        starts = [f"pl.program_id({_AXES.index(t.var)}) * {t.stride}" for t in acc.offsets[m.dim]]
+        edges.append(f"({m.dim}, {' + '.join(starts) or '0'}, {m.extent})")
+    return f"_in_bounds({_shape(acc.tile)}, {', '.join(edges)})"
+
+
+def _refuse_shifted_masks(k: GeneratedKernel) -> None:
+    """Masked edge tiles with shifted partials: the lowering never emits them (MappingError),
+    and the running maxima of a partial block would need their own masks."""
+    shifted = k.shift_carry is not None or any(g.shift_store is not None for g in k.safe_softmax)
+    if shifted and k.masked_accesses:
+        raise CodegenError(
+            f"kernel {k.name!r}: masked edge tiles with shifted partials (shift_store/"
+            "shift_carry) are not printed; lower with a grid that divides the split dims"
+        )
 
 
 def _fmt(x: float) -> str:
@@ -257,6 +292,8 @@ class _KernelPrinter:
         acc = self.k.inputs[idx]
         buf = self.plan.buffer(acc.buffer)
         expr = f"x{idx}[...]"
+        if acc.masked:  # zero past the extent: the partial block's tail is undefined
+            expr = f"jnp.where(mk{idx}, {expr}, 0)"
         if tuple(o.dims) != tuple(acc.tile):
             expr = f"{expr}.reshape({_shape(o.dims)})"
         return _Val(expr, buf.dtype)
@@ -433,6 +470,9 @@ class _KernelPrinter:
         ]
         self.lines = [f"def {k.name}_body({', '.join(refs)}):"]
         self.emit("it = pl.program_id(3)")
+        for i, a in enumerate(k.inputs):
+            if a.masked:
+                self.emit(f"mk{i} = {_edge_mask(a)}")
         self.emit("")
         self.emit("@pl.when(it == 0)")
         self.emit("def _first():")
@@ -656,6 +696,16 @@ def _shifted_exp(x, axes):
 
 def _rms_norm(x, axes, eps):
     return x / jnp.sqrt(jnp.mean(x * x, axis=axes, keepdims=True) + eps)
+
+
+def _in_bounds(shape, *edges):
+    """Where a block's elements lie inside the array: per (dim, block start, extent), the
+    start plus the element's index along dim stays below the extent."""
+    inside = None
+    for dim, start, extent in edges:
+        ok = lax.broadcasted_iota(jnp.int32, shape, dim) + start < extent
+        inside = ok if inside is None else inside & ok
+    return inside
 '''
 
 
@@ -666,7 +716,6 @@ def generate_pallas(plan: object, spec: DeviceSpec | None = None) -> PallasSourc
     """Print ``plan`` (anything :func:`yirage.plan.parse_plan` reads) as a Pallas module;
     with ``spec``, its block shapes are checked against the spec's tiling rule first."""
     p = parse_plan(plan)
-    refuse_masked(p, "the Pallas printer")
     if spec is not None:
         check_blocks(p, spec)
     written: set[int] = set()
@@ -678,6 +727,7 @@ def generate_pallas(plan: object, spec: DeviceSpec | None = None) -> PallasSourc
             steps.append(_library(k, p))
             outs = list(k.outputs)
         else:
+            _refuse_shifted_masks(k)
             kp = _KernelPrinter(p, k)
             kp.layout()
             body = kp.print_body()
