@@ -41,7 +41,6 @@ def _printer(module: str, name: str) -> Callable[[Any], Any]:
     [
         ("yirage_cuda._cuda_codegen", "generate_cuda", "the CUDA C\\+\\+ printer"),
         ("yirage_mps._msl_codegen", "generate_msl", "the Metal printer"),
-        ("yirage_tpu._pallas", "generate_pallas", "the Pallas printer"),
     ],
 )
 def test_printers_without_masks_refuse_masked_plans(module: str, name: str, printer: str) -> None:
