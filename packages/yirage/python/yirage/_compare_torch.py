@@ -16,6 +16,7 @@ across float16's overflow threshold) and copied over with the rest.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,8 +35,6 @@ Tensor = Any
 
 def is_torch_tensor(x: Any) -> bool:
     """Whether ``x`` is a torch tensor (the form :func:`to_device` gives references)."""
-    import sys
-
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
