@@ -21,7 +21,9 @@ Execution model (simple and general rather than peak-performance; the structure 
   elementwise ops with a block-stride loop, reductions along the last dim one warp per row
   with shuffles, other reductions one thread per output;
 * tile loads use 16-byte vector loads when the tile rows and their offsets are 16-byte aligned
-  (the runtime only passes 16-byte aligned, contiguous tensors), scalar loads otherwise;
+  (the runtime only passes 16-byte aligned, contiguous tensors), scalar loads otherwise; loads
+  and stores of masked edge tiles are guarded by the global index against the extent (zero
+  past it, nothing stored there; a 16-byte load lies wholly inside or past it);
 * tile matmuls with 16-bit graphs stage operands into 16-bit shared tiles padded to the MMA
   shape (M→16, N→8, K→16; no staging when a loaded tile already fits) and run
   ``mma.sync.m16n8k16`` with fp32 accumulation, one warp per 16x8 output tile; fp32 graphs
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from yirage.cfamily import CFamilyPrinter, Slot, Step
-from yirage.plan import GeneratedKernel, Plan, TileAccess, TileOp, parse_plan, refuse_masked
+from yirage.plan import GeneratedKernel, Plan, TileAccess, TileOp, parse_plan
 from yirage_triton import launcher_lines
 
 __all__ = ["CODEGEN_VERSION", "CudaCppOptions", "CudaCppSource", "generate_cuda"]
@@ -215,20 +217,31 @@ class _CudaKernelPrinter(CFamilyPrinter):
             f"memory (> {self.smem_limit}); use the Triton path for this plan"
         )
 
+    def storage_zero(self, kind: str) -> str:
+        return "0.0f" if kind == "f32" else "(yr_u16)0"  # +0.0 in float16 and bfloat16
+
     def vector_load(self, acc: TileAccess, slot: Slot, g: str, esize: int) -> list[str] | None:
-        """16-byte ``uint4`` copies when the tile rows and their offsets are 16-byte aligned."""
+        """16-byte ``uint4`` copies when the tile rows and their offsets are 16-byte aligned.
+
+        A masked edge tile guards each copy by its first element: the vector lies in one tile
+        row, and along the last dim its start, the tile's offset and the extent (the buffer's
+        row) are all multiples of the vector, so it lies wholly inside or wholly past the
+        extent; past it the copy stores zeros."""
         buf = self.plan.buffer(acc.buffer)
         if (acc.tile[-1] * esize) % 16 or (buf.dims[-1] * esize) % 16:
             return None
         if any((t.stride * esize) % 16 for t in acc.offsets[-1]):
             return None
         vec = 16 // esize
-        body = [
-            f"const int e = v * {vec};",
-            f"*reinterpret_cast<uint4*>(&{slot.name}[e]) = "
-            f"*reinterpret_cast<const uint4*>(&{g}[base + {self._gidx(acc, 'e')}]);",
-        ]
-        return self.loop(math.prod(acc.tile) // vec, body, "v")
+        dst = f"*reinterpret_cast<uint4*>(&{slot.name}[e])"
+        src = f"*reinterpret_cast<const uint4*>(&{g}[base + {self._gidx(acc, 'e')}])"
+        guard = self.edge_guard(acc, "e")
+        copy = (
+            [f"{dst} = {src};"]
+            if guard is None
+            else [f"if ({guard}) {dst} = {src};", f"else {dst} = uint4{{0u, 0u, 0u, 0u}};"]
+        )
+        return self.loop(math.prod(acc.tile) // vec, [f"const int e = v * {vec};", *copy], "v")
 
     def kernel_head(self) -> list[str]:
         k = self.k
@@ -363,7 +376,6 @@ class _CudaKernelPrinter(CFamilyPrinter):
 def generate_cuda(plan: object, options: CudaCppOptions | None = None) -> CudaCppSource:
     """Print ``plan`` as CUDA C++ plus its Python host module."""
     p = parse_plan(plan)
-    refuse_masked(p, "the CUDA C++ printer")
     opts = options or CudaCppOptions()
     parts = [_PRELUDE.format(version=CODEGEN_VERSION, hash=p.graph_hash or "<unhashed>")]
     kernels: dict[str, dict[str, int]] = {}

@@ -9,10 +9,14 @@ whole block with a barrier between them; elementwise ops use a block-stride loop
 along the last dim one warp (SIMD-group) per row with a warp reduction, other reductions one
 thread per output; accumulators, hoisted phases, safe-softmax groups (the plan's rescale
 degrees, ``scale_outputs`` stored shifted, the row max stored at ``shift_store``) and the
-``shift_carry`` follow docs/kernel-plan.md. :class:`CFamilyPrinter` holds that structure; a
-dialect subclass says how the language spells types, conversions, math functions, barriers,
-warp reductions, the kernel signature and the shared-memory declaration, and may print tile
-matmuls and loads its own way (tensor-core MMA, ``simdgroup_matrix``, vector loads).
+``shift_carry`` follow docs/kernel-plan.md. Masked edge tiles (an access's ``masked`` dims)
+guard every global load and store of the access by the element's global index against the
+buffer's extent: a load reads zero past it, a store writes nothing there; the zeros then take
+part in every op like any tile element, as the IR defines them (the search masks only dims no
+op reduces). :class:`CFamilyPrinter` holds that structure; a dialect subclass says how the
+language spells types, conversions, math functions, barriers, warp reductions, the kernel
+signature and the shared-memory declaration, and may print tile matmuls and loads its own way
+(tensor-core MMA, ``simdgroup_matrix``, vector loads).
 """
 
 from __future__ import annotations
@@ -196,11 +200,28 @@ class CFamilyPrinter:
         if k.shift_carry is not None:
             for a in k.shift_carry.accums:
                 self.groups_of_acc.setdefault(a, []).append(self.carry_gi)
+        self._refuse_masked_shifts()
         self.invariant = self.k.invariant_ops()
         self.group_m: dict[int, Slot] = {}
         self.group_alpha: dict[int, Slot] = {}
         self.group_rows: dict[int, tuple[int, ...]] = {}
         self.group_running: dict[int, bool] = {}
+
+    def _refuse_masked_shifts(self) -> None:
+        """Masked edge tiles with shifted partials are not printed (the lowering never emits
+        them: it refuses ``shift_store``/``shift_carry`` with masked tiles)."""
+        k = self.k
+        shifted = k.shift_carry is not None or any(
+            g.shift_store is not None for g in k.safe_softmax
+        )
+        if shifted and k.masked_accesses:
+            name, acc = k.masked_accesses[0]
+            raise CodegenError(
+                f"kernel {k.name!r} {name}: the {self.LANGUAGE} printer does not print masked "
+                f"edge tiles (dim {acc.masked[0].dim}, extent {acc.masked[0].extent}) in a "
+                "kernel with shifted partials (shift_store/shift_carry); lower with a grid "
+                "that divides the split dims"
+            )
 
     # -- dialect hooks --------------------------------------------------------------------------
     def storage_type(self, kind: str) -> str:
@@ -214,6 +235,10 @@ class CFamilyPrinter:
     def write_fmt(self, kind: str) -> str:
         """Format of an fp32 value converted to a ``kind`` element (``{}`` is the value)."""
         raise NotImplementedError
+
+    def storage_zero(self, kind: str) -> str:
+        """A zero element of a slot of ``kind`` (what a masked load reads past the extent)."""
+        return self.write_fmt(kind).format("0.0f")
 
     def kernel_head(self) -> list[str]:
         """The kernel's signature line(s), its thread/lane/warp/block indices (``tid``,
@@ -248,7 +273,9 @@ class CFamilyPrinter:
         )
 
     def vector_load(self, acc: TileAccess, slot: Slot, g: str, esize: int) -> list[str] | None:
-        """A vectorised tile load's loop, or None for the element loop."""
+        """A vectorised tile load's loop, or None for the element loop. With masked edge
+        tiles (``acc.masked``) it must read zeros past the extent (:meth:`edge_guard`) or
+        return None."""
         return None
 
     # -- slots ------------------------------------------------------------------------------------
@@ -313,6 +340,23 @@ class CFamilyPrinter:
             terms.append(c if s == 1 else f"{c} * {s}")
         return " + ".join(terms) if terms else "0"
 
+    def edge_guard(self, acc: TileAccess, e: str) -> str | None:
+        """The condition that element ``e`` of tile ``acc`` lies inside the buffer in every
+        masked dim (block start + coordinate < extent), or None for an unmasked tile. Only
+        grid terms offset a masked dim (the plan reader refuses the loop index there)."""
+        conds = []
+        for m in acc.masked:
+            starts = [
+                f"{t.var} * {t.stride}" if t.stride != 1 else t.var
+                for t in acc.offsets[m.dim]
+                if t.stride != 0
+            ]
+            at = " + ".join([*starts, coord(e, acc.tile, m.dim)])
+            conds.append(f"{at} < {m.extent}")
+        if not conds:
+            return None
+        return " && ".join(f"({c})" for c in conds) if len(conds) > 1 else conds[0]
+
     def load_code(self, o: TileOp, slot: Slot, it: str) -> list[str]:
         acc = self.k.inputs[o.attr("input")]
         buf = self.plan.buffer(acc.buffer)
@@ -327,7 +371,11 @@ class CFamilyPrinter:
         if vec is not None:
             lines += ["  " + x for x in vec]
         else:
-            body = [f"{slot.name}[e] = {g}[base + {self._gidx(acc, 'e')}];"]
+            el = f"{g}[base + {self._gidx(acc, 'e')}]"
+            guard = self.edge_guard(acc, "e")
+            if guard is not None:  # zero past the extent of a masked edge tile
+                el = f"({guard}) ? {el} : {self.storage_zero(slot.kind)}"
+            body = [f"{slot.name}[e] = {el};"]
             lines += ["  " + x for x in self.loop(n, body, "e")]
         lines.append("}")
         return lines
@@ -409,7 +457,9 @@ class CFamilyPrinter:
         src = self.slots[acc.src]
         val = src.read("e")
         conv = self.write_fmt(self.slot_kind(buf.dtype))
-        body = [f"g{acc.buffer}[base + {self._gidx(acc, 'e')}] = {conv.format(val)};"]
+        store = f"g{acc.buffer}[base + {self._gidx(acc, 'e')}] = {conv.format(val)};"
+        guard = self.edge_guard(acc, "e")  # nothing past the extent of a masked edge tile
+        body = [store if guard is None else f"if ({guard}) {store}"]
         return [
             f"{{  // store output {idx} (buffer {acc.buffer}) from op {acc.src}",
             f"  const {self.INDEX} base = {self._base(acc, '0')};",
