@@ -326,3 +326,50 @@ def x86_assembly(tmp_path: Path, code: str, flags: tuple[str, ...]) -> str:
     if proc.returncode != 0:
         pytest.skip(f"{cc.describe()} cannot target {flags}: {proc.stderr[:200]}")
     return out.read_text()
+
+
+#: C that counts every ``YR_PREFETCH`` address inside or outside ``[yr_t_lo, yr_t_hi)``
+#: instead of issuing it (prepended to a printed kernel by :func:`recording_launcher`).
+_PREFETCH_RECORDER = r"""#include <stdint.h>
+/* test only: every prefetch address is counted inside or outside [yr_t_lo, yr_t_hi) */
+uintptr_t yr_t_lo = 0, yr_t_hi = 0;
+long yr_t_in = 0, yr_t_out = 0;
+void yr_t_pf(const void *p);
+void yr_t_pf(const void *p) {
+    const uintptr_t a = (uintptr_t)p;
+    __atomic_fetch_add(a >= yr_t_lo && a < yr_t_hi ? &yr_t_in : &yr_t_out, 1, __ATOMIC_RELAXED);
+}
+#define YR_PREFETCH(p) yr_t_pf(p)
+"""
+
+
+def recording_launcher(src: Any, simd_bits: int, name: str) -> Any:
+    """A launcher of printed ``src`` (a ``CpuSource``) whose prefetches are counted instead
+    of issued; set the counted range with :func:`count_prefetches_in`."""
+    import dataclasses
+
+    from yirage_cpu import _runtime, _toolchain
+
+    src = dataclasses.replace(src, code=_PREFETCH_RECORDER + src.code)
+    lib = _toolchain.compile_shared(src.code, simd_width_bits=simd_bits, name=name)
+    return _runtime.CpuLauncher(src, lib)
+
+
+def count_prefetches_in(launcher: Any, buffer: Any) -> None:
+    """Count the prefetches of ``launcher`` (from :func:`recording_launcher`) against the
+    bytes of torch tensor ``buffer``."""
+    import ctypes
+
+    dll = launcher._dll
+    ctypes.c_size_t.in_dll(dll, "yr_t_lo").value = buffer.data_ptr()
+    ctypes.c_size_t.in_dll(dll, "yr_t_hi").value = (
+        buffer.data_ptr() + buffer.numel() * buffer.element_size()
+    )
+
+
+def prefetch_counts(launcher: Any) -> tuple[int, int]:
+    """(prefetches inside the counted range, outside it) so far."""
+    import ctypes
+
+    dll = launcher._dll
+    return ctypes.c_long.in_dll(dll, "yr_t_in").value, ctypes.c_long.in_dll(dll, "yr_t_out").value

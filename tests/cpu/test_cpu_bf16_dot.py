@@ -14,15 +14,20 @@ infinite where the float64 graph is finite.
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from _plan_ref import rel_err, run_plan
-from cpu_plan_tools import PlanBuilder, off, x86_assembly
+from cpu_plan_tools import (
+    PlanBuilder,
+    count_prefetches_in,
+    off,
+    prefetch_counts,
+    recording_launcher,
+    x86_assembly,
+)
 
 from yirage._check import TOLERANCES
 from yirage_cpu import _codegen, _runtime, _toolchain
@@ -299,18 +304,6 @@ def test_assembly_has_vdpbf16ps_exactly_where_the_target_has_it(
 
 # -- the prefetches of the interleaved rows ----------------------------------------------------
 
-_RECORDER = r"""#include <stdint.h>
-/* test only: every prefetch address is counted inside or outside [yr_t_lo, yr_t_hi) */
-uintptr_t yr_t_lo = 0, yr_t_hi = 0;
-long yr_t_in = 0, yr_t_out = 0;
-void yr_t_pf(const void *p);
-void yr_t_pf(const void *p) {
-    const uintptr_t a = (uintptr_t)p;
-    __atomic_fetch_add(a >= yr_t_lo && a < yr_t_hi ? &yr_t_in : &yr_t_out, 1, __ATOMIC_RELAXED);
-}
-#define YR_PREFETCH(p) yr_t_pf(p)
-"""
-
 
 @pytest.mark.parametrize("nt", [45, 333])
 def test_every_prefetch_of_the_dot_path_lies_inside_b(host_bf16: None, nt: int) -> None:
@@ -318,17 +311,14 @@ def test_every_prefetch_of_the_dot_path_lies_inside_b(host_bf16: None, nt: int) 
     row's end (nt 333: longer than the distance) and none past the last one."""
     src = _codegen.generate(_linear(8, nt), simd_width_bits=512)
     assert _dot_kernels(src.code) == 1
-    src = dataclasses.replace(src, code=_RECORDER + src.code)
-    lib = _toolchain.compile_shared(src.code, simd_width_bits=512, name="pf-dot")
-    launcher = _runtime.CpuLauncher(src, lib)
+    launcher = recording_launcher(src, 512, "pf-dot")
     rng = np.random.default_rng(nt)
     x, w = _bf16(rng, (8, K)), _bf16(rng, (K, 2 * nt), K**-0.5)
-    dll = launcher._dll
-    ctypes.c_size_t.in_dll(dll, "yr_t_lo").value = w.data_ptr()
-    ctypes.c_size_t.in_dll(dll, "yr_t_hi").value = w.data_ptr() + w.numel() * 2
+    count_prefetches_in(launcher, w)
     (y,) = launcher(x, w)
-    assert ctypes.c_long.in_dll(dll, "yr_t_out").value == 0
-    assert ctypes.c_long.in_dll(dll, "yr_t_in").value >= 2 * K  # every row, both blocks
+    inside, outside = prefetch_counts(launcher)
+    assert outside == 0
+    assert inside >= 2 * K  # every row, both blocks
     assert rel_err(_f64(y), _f64(x) @ _f64(w)) < BF16_TOL
 
 

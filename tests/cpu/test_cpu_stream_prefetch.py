@@ -13,17 +13,22 @@ where B is streamed and nowhere else; x86-64-v4 assembly carries ``prefetcht1``.
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from _plan_ref import rel_err
-from cpu_plan_tools import PlanBuilder, off, x86_assembly
+from cpu_plan_tools import (
+    PlanBuilder,
+    count_prefetches_in,
+    off,
+    prefetch_counts,
+    recording_launcher,
+    x86_assembly,
+)
 
-from yirage_cpu import _codegen, _runtime, _toolchain
+from yirage_cpu import _codegen
 
 torch = pytest.importorskip("torch")
 
@@ -131,25 +136,11 @@ def test_a_b_loaded_once_streams_and_matches_float64(build: Any, dtype: str) -> 
 
 # -- where the prefetches go -------------------------------------------------------------------
 
-_RECORDER = r"""#include <stdint.h>
-/* test only: every prefetch address is counted inside or outside [yr_t_lo, yr_t_hi) */
-uintptr_t yr_t_lo = 0, yr_t_hi = 0;
-long yr_t_in = 0, yr_t_out = 0;
-void yr_t_pf(const void *p);
-void yr_t_pf(const void *p) {
-    const uintptr_t a = (uintptr_t)p;
-    __atomic_fetch_add(a >= yr_t_lo && a < yr_t_hi ? &yr_t_in : &yr_t_out, 1, __ATOMIC_RELAXED);
-}
-#define YR_PREFETCH(p) yr_t_pf(p)
-"""
-
 
 def _recording(plan: dict[str, Any], simd_bits: int) -> Any:
     """A launcher of ``plan`` whose prefetches are counted instead of issued."""
     src = _codegen.generate(plan, simd_width_bits=simd_bits)
-    src = dataclasses.replace(src, code=_RECORDER + src.code)
-    lib = _toolchain.compile_shared(src.code, simd_width_bits=simd_bits, name="pf-recorder")
-    return _runtime.CpuLauncher(src, lib)
+    return recording_launcher(src, simd_bits, "pf-recorder")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -162,14 +153,9 @@ def test_every_prefetch_lies_inside_the_streamed_buffer(
     rows are prefetched (all blocks, both threads)."""
     launcher = _recording(_linear(dtype, nt, blocks=3), simd_bits)
     x, w = _inputs(dtype, 3 * nt, seed=4)
-    lib = launcher._dll
-    lo = ctypes.c_size_t.in_dll(lib, "yr_t_lo")
-    hi = ctypes.c_size_t.in_dll(lib, "yr_t_hi")
-    lo.value = w.data_ptr()
-    hi.value = w.data_ptr() + w.numel() * w.element_size()
+    count_prefetches_in(launcher, w)
     (y,) = launcher(x, w)
-    inside = ctypes.c_long.in_dll(lib, "yr_t_in").value
-    outside = ctypes.c_long.in_dll(lib, "yr_t_out").value
+    inside, outside = prefetch_counts(launcher)
     assert outside == 0
     assert inside >= K * 3  # at least one line of every row of every block
     assert rel_err(_f64(y), _f64(x) @ _f64(w)) < 1e-5
