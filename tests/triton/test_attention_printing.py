@@ -5,6 +5,7 @@ numpy), and the shift is compiled without multiply-add contraction."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -98,3 +99,32 @@ def test_softmax_kernels_are_compiled_without_contraction_where_asked() -> None:
     assert "enable_fp_fusion" not in generate_triton(attention, TritonOptions()).text
     mlp = generate_triton(plans.gated_mlp().plan, TritonOptions(exact_softmax_shift=True))
     assert "enable_fp_fusion" not in mlp.text
+
+
+def test_self_contained_softmax_raises_scores_in_base_two() -> None:
+    """A group whose max stays in the kernel multiplies each score once by scale·log2(e)
+    and raises it with exp2 (its split parts rescale with exp2 too); a group that stores
+    its max for another kernel keeps natural units, which that kernel's exp reads."""
+    from yirage_triton import TritonOptions, generate_triton
+
+    scale = 0.125
+    fused = generate_triton(plans.attention_fused(scale=scale).plan).text
+    assert "tl.exp(" not in fused
+    assert f"* {scale * math.log2(math.e)!r}" in fused
+    split = generate_triton(
+        plans.attention_fused(scale=scale).plan, TritonOptions(split_loop=(("attn", 2),))
+    ).text
+    assert "tl.exp(" not in split and "tl.exp2(" in split
+    stored = generate_triton(plans.gqa_decode().plan).text
+    assert "tl.exp2(" not in stored
+
+
+def test_base_two_scores_match_float64_at_large_scales() -> None:
+    """Scores of ±60·d after the scale: the base-2 shift stays exact at the row max."""
+    case = plans.attention_fused(batch=2, rows=8, d=32, kv_len=256, tl=32, scale=60.0)
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(dims) for dims, _ in case.inputs]
+    (want,) = case.reference(*xs)
+    got, text = _run(case, xs)
+    assert "tl.exp2(" in text
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

@@ -71,7 +71,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-15"
+CODEGEN_VERSION = "triton-16"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -383,7 +383,32 @@ class _KernelPrinter:
                 pd[-2] = rows
                 self.pdims[oid] = tuple(pd)
         self.round_for_dot = self._rounded_for_dot()
+        self.log2_groups = self._log2_groups()
         self._check_groups()
+
+    def _log2_groups(self) -> set[int]:
+        """Safe-softmax groups whose running max stays inside the kernel (nothing stored
+        shifted, no shift carry): their scores are kept in base-2 units, ``x·log2(e)``,
+        and raised with ``exp2``, so a positive score scale and the exp's own ``log2(e)``
+        are one multiply per element instead of two."""
+        if self.k.shift_carry is not None:
+            return set()
+        return {
+            gi
+            for gi, g in enumerate(self.k.safe_softmax)
+            if g.shift_store is None and not g.scale_outputs
+        }
+
+    def _score_scale(self, x_id: int) -> tuple[int, float] | None:
+        """``(v, c)`` when score ``x_id`` is ``mul_scalar(v, c)`` with a finite ``c > 0``
+        (then ``max(v·c) = max(v)·c`` and the scale folds into the base-2 factor)."""
+        op = self.by_id.get(x_id)
+        if op is None or op.op != "unary" or op.attr("unop") != "mul_scalar":
+            return None
+        c = float(op.attr("params")[0])
+        if not (math.isfinite(c) and c > 0.0):
+            return None
+        return op.args[0], c
 
     def _operand_dtype(self, o: TileOp) -> str:
         """The dtype a tile is bound with: an input's buffer dtype (a shifted load is scaled
@@ -1003,20 +1028,32 @@ class _KernelPrinter:
         gi = self.group_of_exp[o.id]
         r = x.rank
         xs = self.fresh("x")
-        self.emit(f"{xs} = {self.f32(x)}")
-        xv = _Val(xs, x.dims, x.pdims, "float32", x.clean)
+        exp = "tl.exp"
+        if gi in self.log2_groups:
+            # base-2 units: exp(x - m) = exp2(x·log2(e) - m·log2(e)), one rounded product
+            # per score (v·(c·log2(e)) where x = v·c), so the max and the shift stay exact
+            exp = "tl.exp2"
+            folded = self._score_scale(o.args[0])
+            v, c = (self.vals[folded[0]], folded[1]) if folded else (x, 1.0)
+            if v.dims != x.dims or v.pdims != x.pdims:
+                v, c = x, 1.0
+            self.emit(f"{xs} = {self.f32(v)} * {_fmt_float(c * math.log2(math.e))}")
+            xv = _Val(xs, x.dims, x.pdims, "float32", v.clean)
+        else:
+            self.emit(f"{xs} = {self.f32(x)}")
+            xv = _Val(xs, x.dims, x.pdims, "float32", x.clean)
         xm = self.masked(xv, [r - 1], fill=_fmt_float(-math.inf), force=True)
         rowmax = f"tl.max({xm}, axis={r - 1}, keep_dims=True)"
         if o.phase == "loop" and o.id not in self.invariant:
             self.emit(f"mn{gi} = tl.maximum(m{gi}, {rowmax})")
-            self.emit(f"alpha{gi} = tl.exp(m{gi} - mn{gi})")
+            self.emit(f"alpha{gi} = {exp}(m{gi} - mn{gi})")
             self.emit(f"m{gi} = mn{gi}")
         else:
             self.emit(f"m{gi} = {rowmax}")
         # x - m <= 0 exactly, but the compiler may recompute x for the exp apart from the
         # max (e.g. a score scale contracted into an FMA): with |x| ~ 1e8 that lands ulps of
         # 64 above 0, and the exp overflows. The clamp keeps the exact value.
-        self.bind(o.id, f"tl.exp(tl.minimum({xs} - m{gi}, 0.0))")
+        self.bind(o.id, f"{exp}(tl.minimum({xs} - m{gi}, 0.0))")
 
     def rescaled(self, acc_id: int, acc: str) -> str:
         for gi in self.groups_of_acc.get(acc_id, []):
@@ -1379,7 +1416,11 @@ class _KernelPrinter:
                 self.emit(f"    m{gi} = tl.maximum(m{gi}, n{gi})")
         accs = [o for o in self.k.ops if o.op == "accum"]
         names = ", ".join(f"acc{o.id}" for o in accs)
-        body = [f"    sc{gi} = tl.exp({load(f'm{gi}')} - m{gi})" for gi in groups]
+        body = [
+            f"    sc{gi} = {'tl.exp2' if gi in self.log2_groups else 'tl.exp'}"
+            f"({load(f'm{gi}')} - m{gi})"
+            for gi in groups
+        ]
         for o in accs:
             part_val = load(f"acc{o.id}")
             for gi in self.groups_of_acc.get(o.id, []):

@@ -323,17 +323,33 @@ pub fn tile_descs(bg: &BlockGraph, in_bytes: &[usize]) -> Vec<TileDesc> {
 /// Bytes of the tiles that must be resident at once (inputs at their dtype size,
 /// everything computed in fp32), from a liveness scan in op order: accumulators live from
 /// before the loop to their last use, inputs loaded once from the start to their last
-/// use, other tiles from their definition to their last use.
+/// use, other tiles from their definition to their last use. A loop matmul whose only
+/// reader is an accumulator of its dims takes no room of its own: the lowering fuses it
+/// into that accumulator (`accumulate_into`), and every printer adds the product in place.
 pub fn smem_of(tiles: &[TileDesc], outputs: &[usize]) -> u64 {
     let n = tiles.len();
     let mut last_use: Vec<usize> = (0..n).collect();
+    let mut readers: Vec<Vec<usize>> = vec![vec![]; n];
     for (i, t) in tiles.iter().enumerate() {
         for &a in &t.operands {
             if a < n {
                 last_use[a] = last_use[a].max(i);
+                readers[a].push(i);
             }
         }
     }
+    let fused_into_accumulator = |i: usize| {
+        let t = &tiles[i];
+        matches!(t.kind, TileKind::Matmul)
+            && t.in_loop
+            && !outputs.contains(&i)
+            && matches!(readers[i].as_slice(), [r] if {
+                let acc = &tiles[*r];
+                matches!(acc.kind, TileKind::Reduce { accumulator: true })
+                    && acc.operands.len() == 1
+                    && acc.dims == t.dims
+            })
+    };
     for &o in outputs {
         if o < n {
             last_use[o] = n;
@@ -356,6 +372,7 @@ pub fn smem_of(tiles: &[TileDesc], outputs: &[usize]) -> u64 {
                 bytes[i] = elems * INTERMEDIATE_BYTES as u64;
                 start[i] = 0;
             }
+            _ if fused_into_accumulator(i) => {}
             _ => {
                 bytes[i] = elems * INTERMEDIATE_BYTES as u64;
                 start[i] = i;
@@ -1158,6 +1175,46 @@ mod tests {
         let o = g.customized(&[x, w], &bg).unwrap();
         g.mark_output(o[0]).unwrap();
         g
+    }
+
+    /// silu(X·W1)·(X·W3) with 128×128 tiles of each product: the two loop matmuls add into
+    /// their accumulators in place, so the block holds the three stage tiles and the two
+    /// accumulators in the loop, and at most three 128×128 fp32 tiles after it.
+    #[test]
+    fn matmuls_fused_into_accumulators_take_no_room() {
+        let mut bg = BlockGraph::new([32, 32, 1], [256, 1, 1], 64, 1).unwrap();
+        let x = bg
+            .new_input(&[4096, 4096], DType::F16, [0, -1, -1], 1)
+            .unwrap();
+        let w1 = bg
+            .new_input(&[4096, 4096], DType::F16, [-1, 1, -1], 0)
+            .unwrap();
+        let w3 = bg
+            .new_input(&[4096, 4096], DType::F16, [-1, 1, -1], 0)
+            .unwrap();
+        let a1 = bg.matmul(x, w1).unwrap();
+        let a1 = bg.forloop_accum(a1, AccumKind::Iter).unwrap();
+        let a3 = bg.matmul(x, w3).unwrap();
+        let a3 = bg.forloop_accum(a3, AccumKind::Iter).unwrap();
+        let g = bg.unary(UnaryOp::Silu, a1).unwrap();
+        let out = bg.binary(BinaryOp::Mul, g, a3).unwrap();
+        bg.new_output(out, [0, 1, -1]).unwrap();
+        let tile = 128 * 128 * INTERMEDIATE_BYTES as u64;
+        let stages = 3 * 128 * 64 * 2;
+        assert_eq!(smem_bytes(&bg), (3 * tile).max(2 * tile + stages));
+        // a matmul read by anything but its accumulator keeps its room
+        let mut bg2 = BlockGraph::new([32, 32, 1], [256, 1, 1], 64, 1).unwrap();
+        let x = bg2
+            .new_input(&[4096, 4096], DType::F16, [0, -1, -1], 1)
+            .unwrap();
+        let w1 = bg2
+            .new_input(&[4096, 4096], DType::F16, [-1, 1, -1], 0)
+            .unwrap();
+        let m = bg2.matmul(x, w1).unwrap();
+        let e = bg2.unary(UnaryOp::Exp, m).unwrap();
+        let acc = bg2.forloop_accum(e, AccumKind::Iter).unwrap();
+        bg2.new_output(acc, [0, 1, -1]).unwrap();
+        assert_eq!(smem_bytes(&bg2), 3 * tile);
     }
 
     #[test]
