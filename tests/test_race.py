@@ -42,7 +42,15 @@ _SPEC = yr.DeviceSpec(
     peak_tflops_fp32=0.1,
 )
 #: Each variant's time in µs as the stand-in's profiler reports it (steady: no noise).
-TIMES = {"right": 10.0, "wrong": 1.0, "crash": 0.5, "slow": 100.0, "fixed": 20.0}
+TIMES = {
+    "right": 10.0,
+    "wrong": 1.0,
+    "crash": 0.5,
+    "slow": 100.0,
+    "fixed": 20.0,
+    "close": 11.0,
+    "closer": 12.0,
+}
 #: What each variant multiplies ``x @ w`` by (1: correct).
 SCALES = {"wrong": 1.01}
 
@@ -198,6 +206,20 @@ def test_the_screen_drops_contenders_far_behind(searches: list[int]) -> None:
     cand = k.report.candidates[k.report.chosen_index or 0]
     assert "screened out" in cand.dropped_variants["slow"]
     assert cand.variant_us == {"right": TIMES["right"], "slow": TIMES["slow"]}
+
+
+def test_the_screen_keeps_each_candidates_fastest_variants(searches: list[int]) -> None:
+    """Variants all within SCREEN_FACTOR: each candidate races its SCREEN_VARIANTS fastest,
+    the others are timed in the screen only and say why they left."""
+    assert _race.SCREEN_VARIANTS == 2
+    be = _NumpyBackend(["closer", "right", "close"])
+    k = yr.superoptimize(_graph(), backend=be, cache=False)
+    turns = {v: sum(1 for launcher, _ in be.profiled if launcher.variant == v) for v in TIMES}
+    assert turns["closer"] == 2  # one screen turn for each of the two candidates
+    assert turns["right"] == turns["close"] == 2 * (1 + _race.PROFILE_ROUNDS)
+    cand = k.report.candidates[k.report.chosen_index or 0]
+    assert cand.variant == "right"
+    assert "2 faster variants race" in cand.dropped_variants["closer"]
 
 
 def test_the_screen_lets_a_profiler_give_up_far_past_the_fastest(searches: list[int]) -> None:
