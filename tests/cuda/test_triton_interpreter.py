@@ -133,7 +133,8 @@ def test_normalised_dot_operand_is_scaled_after_the_dot(dtype: str) -> None:
         for on, c in code.items()
     }
     # t2: the K tile's load; t6: its row norms; t7: the quotient, printed only when off
-    assert "tl.reshape(t2, [64, 64])" in scores[True] and "* (1.0 / (t6))" in scores[True]
+    assert ", t2)" in scores[True] or ", t2," in scores[True]  # the K tile as loaded
+    assert "* (1.0 / (t6))" in scores[True]
     assert "t7 =" not in code[True] and "t2e = tl.load(" in code[True]
     # t4: the sum of squares over d; in a 16-bit graph a tl.dot with ones whose 16 rows all
     # hold the sums, in an fp32 graph a tl.sum

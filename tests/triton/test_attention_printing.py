@@ -9,6 +9,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,30 @@ def test_base_two_scores_match_float64_at_large_scales() -> None:
     got, text = _run(case, xs)
     assert "tl.exp2(" in text
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_a_unit_batch_dim_is_folded_into_the_rows() -> None:
+    """Tiles [1, rows, d] of [B, A, d] buffers print as 2-D tiles of [B·A, d] views: no
+    reshape around the dots, the batch offset A rows per batch (run against float64 in
+    the interpreter over three batches); a masked row dim keeps the 3-D printing."""
+    from yirage.plan import MaskedDim, parse_plan
+    from yirage_triton import generate_triton
+    from yirage_triton._fold import fold_unit_batch
+
+    case = plans.attention_fused(batch=3, rows=16, d=16, kv_len=64, tl=16, scale=0.5)
+    plan = parse_plan(case.plan)
+    (k,) = plan.generated
+    view, folded = fold_unit_batch(plan, k)
+    assert {len(o.dims) for o in folded.ops} == {2}
+    assert view.buffer(k.inputs[0].buffer).dims == (3 * 16, 16)
+    assert plan.buffer(k.inputs[0].buffer).dims == (3, 16, 16)  # the plan itself is kept
+    text = generate_triton(case.plan).text
+    assert "tl.reshape" not in text and "bx * 16" in text
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal(dims) for dims, _ in case.inputs]
+    (want,) = case.reference(*xs)
+    got, _ = _run(case, xs)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    edge = replace(k.inputs[0], masked=(MaskedDim(1, 15),))
+    masked = replace(k, inputs=(edge, *k.inputs[1:]))
+    assert fold_unit_batch(plan, masked) == (plan, masked)

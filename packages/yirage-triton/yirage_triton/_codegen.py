@@ -64,6 +64,7 @@ from yirage.plan import (
     TileOp,
     parse_plan,
 )
+from yirage_triton._fold import fold_unit_batch
 from yirage_triton._host import fmt_float as _fmt_float
 from yirage_triton._host import launcher_lines
 from yirage_triton._subtile import subtile_kernel
@@ -71,7 +72,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-16"
+CODEGEN_VERSION = "triton-17"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -1578,7 +1579,8 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                     "(something other than a sum over the loop reads them)"
                 )
             k = cut
-        pr = _KernelPrinter(p, k, opts)
+        view, k = fold_unit_batch(p, k)
+        pr = _KernelPrinter(view, k, opts)
         n_split = splits.get(k.name, 1)
         info = {
             "grid": list(k.grid),
