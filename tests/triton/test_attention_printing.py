@@ -156,23 +156,3 @@ def test_a_unit_batch_dim_is_folded_into_the_rows() -> None:
     edge = replace(k.inputs[0], masked=(MaskedDim(1, 15),))
     masked = replace(k, inputs=(edge, *k.inputs[1:]))
     assert fold_unit_batch(plan, masked) == (plan, masked)
-
-
-def test_uncontracted_score_products_let_softmax_kernels_contract() -> None:
-    """With ``rn_score_product`` (CUDA) a self-contained group's scores are PTX ``mul.rn``
-    products, which are never contracted, so its kernel compiles with contraction; a
-    kernel storing its max for another keeps contraction off. (The interpreter has no
-    inline PTX: the GPU tests run this printing.)"""
-    import struct
-
-    from yirage_triton import TritonOptions, generate_triton
-
-    opts = TritonOptions(exact_softmax_shift=True, rn_score_product=True)
-    scale = 0.125
-    fused = generate_triton(plans.attention_fused(scale=scale).plan, opts).text
-    bits = struct.unpack("<I", struct.pack("<f", scale * math.log2(math.e)))[0]
-    assert f"mul.rn.f32 $0, $1, 0f{bits:08X};" in fused
-    assert "enable_fp_fusion" not in fused
-    stored = generate_triton(plans.gqa_decode().plan, opts).text
-    # both kernels (the split parts and the combine), at their launch and their warm-up
-    assert "mul.rn" not in stored and stored.count("enable_fp_fusion=False") == 4

@@ -301,7 +301,6 @@ class TritonBackend(Backend):
                 dot_sum_precision=self.target.dot_sum_precision,
                 launch_options=self.target.compile_options,
                 exact_softmax_shift=self.target.aot_backend in _FP_FUSION_BACKENDS,
-                rn_score_product=self.target.aot_backend == "cuda" and not self.interpret,
             )
         if opts.fp32_dot_precision not in self.target.fp32_dot_precisions:
             raise CodegenError(
@@ -321,7 +320,6 @@ class TritonBackend(Backend):
             dot_sum_precision=self.target.dot_sum_precision,
             launch_options=self.target.compile_options,
             exact_softmax_shift=self.target.aot_backend in _FP_FUSION_BACKENDS,
-            rn_score_product=self.target.aot_backend == "cuda",
         )
 
     def printings(self, plan: Plan, topts: TritonOptions) -> dict[str, TritonOptions]:

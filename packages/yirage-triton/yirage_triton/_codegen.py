@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -73,7 +72,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-18"
+CODEGEN_VERSION = "triton-17"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -165,11 +164,7 @@ class TritonOptions:
     without multiply-add contraction (``enable_fp_fusion=False``; for Triton backends that
     have the option): contracted, ``s * c - max(s * c)`` is ``fma(s, c, -max)``, which at
     scores of 1e8 misses zero by tens at the maximum itself, so every weight of the row
-    underflows and the row divides zero by zero. ``rn_score_product`` (CUDA, not the
-    interpreter): the base-2 score products of self-contained softmax groups are PTX
-    ``mul.rn.f32``, which is never contracted, so their kernels keep the exact shift and are
-    compiled with contraction after all (fused attention prefill on an H100 ran 10% faster
-    with it in a side-by-side timing).
+    underflows and the row divides zero by zero.
 
     With ``last_block_combine`` the module keeps zeroed arrival counters per device and
     stream (each kernel's last parts zero them again); CUDA graphs captured on one stream
@@ -189,7 +184,6 @@ class TritonOptions:
     launch_options: tuple[tuple[str, int], ...] = ()
     eager_library: bool = False
     exact_softmax_shift: bool = False
-    rn_score_product: bool = False
 
     def key(self) -> str:
         key = (
@@ -208,8 +202,6 @@ class TritonOptions:
             key += ";eager"
         if self.exact_softmax_shift:
             key += ";exactshift"
-        if self.rn_score_product:
-            key += ";rnscore"
         return key
 
 
@@ -400,7 +392,13 @@ class _KernelPrinter:
         shifted, no shift carry): their scores are kept in base-2 units, ``x·log2(e)``,
         and raised with ``exp2``, so a positive score scale and the exp's own ``log2(e)``
         are one multiply per element instead of two."""
-        return _log2_groups(self.k)
+        if self.k.shift_carry is not None:
+            return set()
+        return {
+            gi
+            for gi, g in enumerate(self.k.safe_softmax)
+            if g.shift_store is None and not g.scale_outputs
+        }
 
     def _score_scale(self, x_id: int) -> tuple[int, float] | None:
         """``(v, c)`` when score ``x_id`` is ``mul_scalar(v, c)`` with a finite ``c > 0``
@@ -1040,16 +1038,7 @@ class _KernelPrinter:
             v, c = (self.vals[folded[0]], folded[1]) if folded else (x, 1.0)
             if v.dims != x.dims or v.pdims != x.pdims:
                 v, c = x, 1.0
-            factor = c * math.log2(math.e)
-            if self.opts.rn_score_product:
-                # mul.rn is never contracted into an FMA with the shift below
-                bits = struct.unpack("<I", struct.pack("<f", factor))[0]
-                self.emit(
-                    f"{xs} = tl.inline_asm_elementwise('mul.rn.f32 $0, $1, 0f{bits:08X};', "
-                    f"'=r,r', [{self.f32(v)}], dtype=tl.float32, is_pure=True, pack=1)"
-                )
-            else:
-                self.emit(f"{xs} = {self.f32(v)} * {_fmt_float(factor)}")
+            self.emit(f"{xs} = {self.f32(v)} * {_fmt_float(c * math.log2(math.e))}")
             xv = _Val(xs, x.dims, x.pdims, "float32", v.clean)
         else:
             self.emit(f"{xs} = {self.f32(x)}")
@@ -1553,23 +1542,10 @@ _HELPERS = {
 }
 
 
-def _log2_groups(k: GeneratedKernel) -> set[int]:
-    """See :meth:`_KernelPrinter._log2_groups`."""
-    if k.shift_carry is not None:
-        return set()
-    return {
-        gi for gi, g in enumerate(k.safe_softmax) if g.shift_store is None and not g.scale_outputs
-    }
-
-
 def _exact_shift(k: GeneratedKernel, opts: TritonOptions) -> bool:
     """Whether ``k`` is compiled without multiply-add contraction (see
-    ``TritonOptions.exact_softmax_shift``): not where every group's scores are uncontracted
-    ``mul.rn`` products (``rn_score_product``)."""
-    if not (opts.exact_softmax_shift and (k.safe_softmax or k.shift_carry is not None)):
-        return False
-    all_rn = opts.rn_score_product and len(_log2_groups(k)) == len(k.safe_softmax)
-    return not (all_rn and k.shift_carry is None)
+    ``TritonOptions.exact_softmax_shift``)."""
+    return opts.exact_softmax_shift and (bool(k.safe_softmax) or k.shift_carry is not None)
 
 
 def generate_triton(plan: object, options: TritonOptions | None = None) -> TritonSource:
