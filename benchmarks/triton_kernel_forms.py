@@ -3,26 +3,19 @@ one GPU (CUDA-graph replays, medians): tile shapes, warps, stages, natural again
 exponentials, rounded against unrounded weight sums, warp specialisation. A diagnostic for
 what the printer should emit, not a bench: `python benchmarks/triton_kernel_forms.py`."""
 
-# each run() is called inside its own loop turn; l, O are the kernels' math names
-# ruff: noqa: B023, E741
+# l and O are the kernels' math names
+# ruff: noqa: E741
+import functools
 import math
 import sys
 import traceback
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-torch.manual_seed(0)
 dev = "cuda"
-print(
-    torch.cuda.get_device_name(),
-    "triton",
-    triton.__version__,
-    "torch",
-    torch.__version__,
-    flush=True,
-)
 
 
 def bench(fn, reps=20, inner=10):
@@ -52,12 +45,29 @@ def bench(fn, reps=20, inner=10):
     return ts[len(ts) // 2]
 
 
-# ---- dense rate
-a = torch.randn(8192, 8192, device=dev, dtype=torch.float16)
-b = torch.randn(8192, 8192, device=dev, dtype=torch.float16)
-t = bench(lambda: torch.mm(a, b), reps=10, inner=5)
-dense = 2 * 8192**3 / t / 1e6
-print(f"dense fp16 8192^3: {t:.1f} us = {dense:.0f} TFLOP/s", flush=True)
+def dense_rate() -> float:
+    """TFLOP/s of torch.mm on 8192² fp16 operands (the rate the forms are compared with)."""
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.float16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.float16)
+    t = bench(lambda: torch.mm(a, b), reps=10, inner=5)
+    print(f"dense fp16 8192^3: {t:.1f} us = {2 * 8192**3 / t / 1e6:.0f} TFLOP/s", flush=True)
+    return 2 * 8192**3 / t / 1e6
+
+
+def time_form(
+    tag: str, launch: Callable[[], object], err: Callable[[], float], flops: int, dense: float
+) -> None:
+    """Run ``launch`` once, print its error and its CUDA-graph median (a compile failure is
+    printed, not raised: some forms do not compile on every Triton)."""
+    try:
+        launch()
+        torch.cuda.synchronize()
+        e = err()
+        us = bench(launch)
+        rate = flops / us / 1e6
+        print(f"{tag}: {us:.1f} us {rate:.0f} TF/s ({rate / dense:.0%}) err {e:.2e}", flush=True)
+    except Exception as exc:
+        print(f"{tag}: FAILED {type(exc).__name__}: {str(exc)[-600:]}", flush=True)
 
 
 # ---- attention
@@ -115,7 +125,7 @@ def attn2d(
     tl.store(O + h * S * D + offs_m[:, None] * D + offs_d[None, :], out.to(tl.float16))
 
 
-def attn_case(S, H=32, D=128):
+def attn_case(S, dense, H=32, D=128):
     q = torch.randn(H, S, D, device=dev, dtype=torch.float16)
     kt = torch.randn(H, D, S, device=dev, dtype=torch.float16)
     v = torch.randn(H, S, D, device=dev, dtype=torch.float16)
@@ -142,38 +152,21 @@ def attn_case(S, H=32, D=128):
         (128, 128, 4, 3, True, True, True),
     ]:
         tag = f"BM{BM} BN{BN} w{warps} st{stages} exp2={int(exp2)} ws={int(ws)} roundsum={int(rs)}"
-        try:
-
-            def run():
-                attn2d[(S // BM, H)](
-                    q,
-                    kt,
-                    v,
-                    o,
-                    scale,
-                    S=S,
-                    D=D,
-                    BM=BM,
-                    BN=BN,
-                    EXP2=exp2,
-                    WS=ws,
-                    NUM_STAGES=stages,
-                    ROUND_SUM=rs,
-                    num_warps=warps,
-                    num_stages=stages,
-                )
-
-            run()
-            torch.cuda.synchronize()
-            err = (o.float() - ref).abs().max().item()
-            us = bench(run)
-            print(
-                f"{tag}: {us:.1f} us  {flops / us / 1e6:.0f} TF/s "
-                f"({flops / us / 1e6 / dense * 100:.0f}%) err {err:.2e}",
-                flush=True,
-            )
-        except Exception as e:
-            print(f"{tag}: FAILED {type(e).__name__}: {str(e)[-600:]}", flush=True)
+        launch = functools.partial(
+            attn2d[(S // BM, H)],
+            *(q, kt, v, o, scale),
+            S=S,
+            D=D,
+            BM=BM,
+            BN=BN,
+            EXP2=exp2,
+            WS=ws,
+            NUM_STAGES=stages,
+            ROUND_SUM=rs,
+            num_warps=warps,
+            num_stages=stages,
+        )
+        time_form(tag, launch, lambda: (o.float() - ref).abs().max().item(), flops, dense)
     try:
         qq, kk, vv = q.unsqueeze(0), kt.transpose(1, 2).contiguous().unsqueeze(0), v.unsqueeze(0)
         us = bench(lambda: torch.nn.functional.scaled_dot_product_attention(qq, kk, vv))
@@ -222,7 +215,7 @@ def dual(
     tl.store(O + offs_m[:, None] * N + offs_n[None, :], out.to(tl.float16))
 
 
-def gated_case(M, K=4096, N=4096):
+def gated_case(M, dense, K=4096, N=4096):
     x = torch.randn(M, K, device=dev, dtype=torch.float16)
     w1 = torch.randn(K, N, device=dev, dtype=torch.float16) / 64
     w3 = torch.randn(K, N, device=dev, dtype=torch.float16) / 64
@@ -252,38 +245,40 @@ def gated_case(M, K=4096, N=4096):
         if M % BM:
             continue
         tag = f"BM{BM} BN{BN} BK{BK} w{warps} st{stages} g{group}"
+        launch = functools.partial(
+            dual[((M // BM) * (N // BN),)],
+            *(x, w1, w3, o),
+            M=M,
+            N=N,
+            K=K,
+            BM=BM,
+            BN=BN,
+            BK=BK,
+            GROUP=group,
+            NUM_STAGES=stages,
+            num_warps=warps,
+            num_stages=stages,
+        )
+        time_form(
+            tag,
+            launch,
+            lambda: ((o.float() - ref).abs().max() / ref.abs().max()).item(),
+            flops,
+            dense,
+        )
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    dense = dense_rate()
+    for case, arg in [(attn_case, 4096), (attn_case, 1024), (gated_case, 4096), (gated_case, 1024)]:
         try:
-
-            def run():
-                dual[((M // BM) * (N // BN),)](
-                    x,
-                    w1,
-                    w3,
-                    o,
-                    M=M,
-                    N=N,
-                    K=K,
-                    BM=BM,
-                    BN=BN,
-                    BK=BK,
-                    GROUP=group,
-                    NUM_STAGES=stages,
-                    num_warps=warps,
-                    num_stages=stages,
-                )
-
-            run()
-            torch.cuda.synchronize()
-            err = ((o.float() - ref).abs().max() / ref.abs().max()).item()
-            us = bench(run)
-            print(f"{tag}: {us:.1f} us {flops / us / 1e6:.0f} TF/s relerr {err:.1e}", flush=True)
-        except Exception as e:
-            print(f"{tag}: FAILED {type(e).__name__}: {str(e)[-400:]}", flush=True)
+            case(arg, dense)
+        except Exception:
+            traceback.print_exc()
+        sys.stdout.flush()
 
 
-for fn, arg in [(attn_case, 4096), (attn_case, 1024), (gated_case, 4096), (gated_case, 1024)]:
-    try:
-        fn(arg)
-    except Exception:
-        traceback.print_exc()
-    sys.stdout.flush()
+if __name__ == "__main__":
+    main()

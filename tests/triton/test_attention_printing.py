@@ -112,6 +112,7 @@ def test_self_contained_softmax_raises_scores_in_base_two() -> None:
     fused = generate_triton(plans.attention_fused(scale=scale).plan).text
     assert "tl.exp(" not in fused
     assert f"* {scale * math.log2(math.e)!r}" in fused
+    assert f"* {scale!r}" not in fused  # the scale is not printed apart from the fold
     split = generate_triton(
         plans.attention_fused(scale=scale).plan, TritonOptions(split_loop=(("attn", 2),))
     ).text

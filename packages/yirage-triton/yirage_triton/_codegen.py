@@ -72,7 +72,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-17"
+CODEGEN_VERSION = "triton-18"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -385,6 +385,7 @@ class _KernelPrinter:
                 self.pdims[oid] = tuple(pd)
         self.round_for_dot = self._rounded_for_dot()
         self.log2_groups = self._log2_groups()
+        self.scale_folded = self._folded_scales()
         self._check_groups()
 
     def _log2_groups(self) -> set[int]:
@@ -399,6 +400,19 @@ class _KernelPrinter:
             for gi, g in enumerate(self.k.safe_softmax)
             if g.shift_store is None and not g.scale_outputs
         }
+
+    def _folded_scales(self) -> set[int]:
+        """Score scales (``mul_scalar`` ops) read by nothing but a base-2 group's exp, which
+        folds them: they are not printed on their own."""
+        out = set()
+        stored = {o.src for o in self.k.outputs}
+        for gi in self.log2_groups:
+            exp = self.by_id[self.k.safe_softmax[gi].exp]
+            x_id = exp.args[0]
+            readers = [o.id for o in self.k.ops if x_id in o.args]
+            if self._score_scale(x_id) and readers == [exp.id] and x_id not in stored:
+                out.add(x_id)
+        return out
 
     def _score_scale(self, x_id: int) -> tuple[int, float] | None:
         """``(v, c)`` when score ``x_id`` is ``mul_scalar(v, c)`` with a finite ``c > 0``
@@ -908,6 +922,10 @@ class _KernelPrinter:
         p = o.attr("params")
         if o.id in self.group_of_exp:
             self.emit_safe_exp(o, x)
+            return
+        if o.id in self.scale_folded:  # its exp multiplies by it (see emit_safe_exp)
+            expr = f"({self.f32(x)} * {_fmt_float(float(p[0]))})"
+            self.vals[o.id] = _Val(expr, tuple(o.dims), self.pdims[o.id], "float32", x.clean)
             return
         xe = self.f32(x)
         if name not in ("neg", "mul_scalar", "relu", "square") and not xe.isidentifier():

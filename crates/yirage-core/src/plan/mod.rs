@@ -1182,16 +1182,18 @@ mod tests {
     /// accumulators in the loop, and at most three 128×128 fp32 tiles after it.
     #[test]
     fn matmuls_fused_into_accumulators_take_no_room() {
-        let mut bg = BlockGraph::new([32, 32, 1], [256, 1, 1], 64, 1).unwrap();
-        let x = bg
-            .new_input(&[4096, 4096], DType::F16, [0, -1, -1], 1)
-            .unwrap();
-        let w1 = bg
-            .new_input(&[4096, 4096], DType::F16, [-1, 1, -1], 0)
-            .unwrap();
-        let w3 = bg
-            .new_input(&[4096, 4096], DType::F16, [-1, 1, -1], 0)
-            .unwrap();
+        // X [4096, 4096] in 128-row tiles walking K by 64; a weight in 128-column tiles
+        let block = || BlockGraph::new([32, 32, 1], [256, 1, 1], 64, 1).unwrap();
+        let x_of = |bg: &mut BlockGraph| {
+            bg.new_input(&[4096, 4096], DType::F16, [0, -1, -1], 1)
+                .unwrap()
+        };
+        let w_of = |bg: &mut BlockGraph| {
+            bg.new_input(&[4096, 4096], DType::F16, [-1, 1, -1], 0)
+                .unwrap()
+        };
+        let mut bg = block();
+        let (x, w1, w3) = (x_of(&mut bg), w_of(&mut bg), w_of(&mut bg));
         let a1 = bg.matmul(x, w1).unwrap();
         let a1 = bg.forloop_accum(a1, AccumKind::Iter).unwrap();
         let a3 = bg.matmul(x, w3).unwrap();
@@ -1203,13 +1205,8 @@ mod tests {
         let stages = 3 * 128 * 64 * 2;
         assert_eq!(smem_bytes(&bg), (3 * tile).max(2 * tile + stages));
         // a matmul read by anything but its accumulator keeps its room
-        let mut bg2 = BlockGraph::new([32, 32, 1], [256, 1, 1], 64, 1).unwrap();
-        let x = bg2
-            .new_input(&[4096, 4096], DType::F16, [0, -1, -1], 1)
-            .unwrap();
-        let w1 = bg2
-            .new_input(&[4096, 4096], DType::F16, [-1, 1, -1], 0)
-            .unwrap();
+        let mut bg2 = block();
+        let (x, w1) = (x_of(&mut bg2), w_of(&mut bg2));
         let m = bg2.matmul(x, w1).unwrap();
         let e = bg2.unary(UnaryOp::Exp, m).unwrap();
         let acc = bg2.forloop_accum(e, AccumKind::Iter).unwrap();
