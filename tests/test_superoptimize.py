@@ -137,6 +137,18 @@ def _rel(a: Any, b: np.ndarray) -> float:
     return float(np.linalg.norm(np.asarray(a, dtype=np.float64) - b) / np.linalg.norm(b))
 
 
+def _assert_the_choice_follows_the_race_rules(rep: Any, indices: tuple[int, ...]) -> None:
+    """The fastest of ``indices`` was chosen, or a slower one within the race's tie factors
+    (cold-cache tie, or library kernels kept against a fused kernel within the baseline
+    margin) with a note that says why."""
+    fastest = min(indices, key=lambda i: rep.candidates[i].measured_us)
+    if rep.chosen_index == fastest:
+        return
+    ratio = rep.candidates[rep.chosen_index].measured_us / rep.candidates[fastest].measured_us
+    assert ratio <= max(_race.BASELINE_MARGIN, _race.COLD_TIE_RATIO), ratio
+    assert any("were kept" in n or "within" in n for n in rep.notes), rep.notes
+
+
 # -- with a stand-in search --------------------------------------------------------------------
 
 
@@ -152,7 +164,7 @@ def test_broken_candidate_is_rejected_and_the_fastest_passing_one_returned(
     assert rep.candidates[0].max_rel_err is not None and rep.candidates[0].max_rel_err > 1e-4
     assert statuses[1:] == ["ok", "ok"]
     assert rep.chosen_index in (1, 2)
-    assert rep.chosen_index == min((1, 2), key=lambda i: rep.candidates[i].measured_us)
+    _assert_the_choice_follows_the_race_rules(rep, (1, 2))
     assert rep.backend == "cpu" and rep.verification_level == "ran on hardware"
     assert "-fopenmp" in rep.toolchain["flags"] and rep.toolchain["compiler"]
     assert rep.search == {"states_explored": 3, "stop_reason": "fake"}
