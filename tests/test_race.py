@@ -375,3 +375,34 @@ def test_library_kernels_are_kept_unless_clearly_beaten() -> None:
     assert _race.prefer_baseline([base, fused], _is_library, notes) == [base, fused]
     assert _race.prefer_baseline([fused], _is_library, notes) == [fused]
     assert not notes
+
+
+def test_a_close_cold_win_must_hold_with_the_inputs_in_cache() -> None:
+    base = _contender(100.0, 1, True)
+    close = _contender(100.0 / (_race.BASELINE_MARGIN * 1.01), 0, False)  # past the margin
+    far = _contender(100.0 / (_race.BASELINE_WARM_WINDOW * 1.01), 2, False)
+    notes: list[str] = []
+    # slower warm: the library kernels are kept, and the note gives both pairs of times
+    warm = {close.key: 23.7, base.key: 21.7, far.key: 30.0}
+
+    def by_key(c: _race.Contender) -> float | None:
+        return warm.get(c.key)
+
+    assert _race.prefer_baseline([close, base], _is_library, notes, by_key)[0] is base
+    assert len(notes) == 1 and "23.7" in notes[0] and "21.7" in notes[0]
+    # faster warm too: the generated contender stays first, no note
+    notes.clear()
+    warm[close.key] = 20.0
+    assert _race.prefer_baseline([close, base], _is_library, notes, by_key)[0] is close
+    # outside the window the cold win stands whatever the warm times say
+    assert _race.prefer_baseline([far, base], _is_library, notes, by_key)[0] is far
+    # no warm times (the backend has none), or no warm function: the cold win stands
+    assert _race.prefer_baseline([close, base], _is_library, notes, lambda c: None)[0] is close
+    assert _race.prefer_baseline([close, base], _is_library, notes)[0] is close
+    assert not notes
+
+    def broken(c: _race.Contender) -> float:
+        raise RuntimeError("timer gone")
+
+    assert _race.prefer_baseline([close, base], _is_library, notes, broken)[0] is close
+    assert len(notes) == 1 and "timer gone" in notes[0]

@@ -411,7 +411,9 @@ def test_no_warm_tie_break_beyond_the_ratio(monkeypatch: pytest.MonkeyPatch) -> 
     def cold(self: CpuBackend, launcher: Any, inputs: Any = None, **kw: Any) -> ProfileResult:
         if id(launcher) not in order:
             order.append(id(launcher))
-        t = 100.0 if order.index(id(launcher)) == 0 else 101.0 * _race.COLD_TIE_RATIO
+        # the library baseline second, beyond both the tie ratio and the baseline's warm window
+        beyond = max(_race.COLD_TIE_RATIO, _race.BASELINE_WARM_WINDOW)
+        t = 100.0 if order.index(id(launcher)) == 0 else 101.0 * beyond
         return ProfileResult(t, t, t, 30, 3)
 
     def warm_time(self: CpuBackend, launcher: Any, inputs: Any) -> float:

@@ -741,13 +741,18 @@ def choose(
 ) -> Contender:
     """The winner: the fastest contender, or among those tied on cold-cache time the one
     fastest with its inputs in cache; library kernels unless a generated contender beats them
-    by more than ``BASELINE_MARGIN``. Fills in the report's per-candidate times and its
-    choice."""
+    by more than ``BASELINE_MARGIN`` (and, within ``BASELINE_WARM_WINDOW``, with its inputs in
+    cache too). Fills in the report's per-candidate times and its choice."""
+    inputs = _timed_inputs(run, tensors)
     with run.stand_in():
-        ranked = _race.break_cold_ties(
-            run.be, ranked, _timed_inputs(run, tensors), run.report.notes
+        ranked = _race.break_cold_ties(run.be, ranked, inputs, run.report.notes)
+
+        def warm_us(c: Contender) -> float | None:
+            return run.be.warm_time_us(c.launcher, inputs)
+
+        ranked = _race.prefer_baseline(
+            ranked, lambda c: _describe_plan(c.plan)[1], run.report.notes, warm_us
         )
-    ranked = _race.prefer_baseline(ranked, lambda c: _describe_plan(c.plan)[1], run.report.notes)
     winner = ranked[0]
     _settle(run, contenders, result, winner)
     report = run.report
