@@ -53,3 +53,23 @@ def test_emulation_catches_uninitialised_shared_memory(interp: Any) -> None:
     launcher = EmulatedCudaCpp(replace(src, text=broken)).launcher()
     tensors = interp.random_inputs(launcher.input_specs)
     assert not bool(launcher(*tensors)[0].isfinite().all())
+
+
+@pytest.mark.parametrize("mma", [True, False], ids=["mma-staging", "fma"])
+def test_a_fused_product_takes_no_shared_memory_slot(mma: bool) -> None:
+    """A matmul the plan fuses into its accumulator (``accumulate_into``) adds into the
+    accumulator's slot (checked numerically above): no slot of its own is declared, and the
+    kernel needs less shared memory than the product plus the accumulator."""
+    fused = 0
+    for dtype in ("float32", "float16"):
+        for case in plans.small_cases(dtype):
+            src = generate_cuda(case.plan, CudaCppOptions(use_mma=mma))
+            for k in case.plan["kernels"]:
+                for o in k["ops"] if k["kind"] == "generated" else ():
+                    if o.get("accumulate_into") is None:
+                        continue
+                    fused += 1
+                    text = src.text.split(f" {k['name']}(")[1].split('extern "C"')[0]
+                    assert f"* s{o['id']} = " not in text, (dtype, case.name)
+                    assert f"* s{o['accumulate_into']} = " in text, (dtype, case.name)
+    assert fused

@@ -99,3 +99,55 @@ def test_a_wrong_index_fails_the_emulator() -> None:
     broken = replace(src, text=src.text.replace(good, good.replace("* 512", "* 511")))
     errs, _ = run(broken, case)
     assert not max(errs) <= TOL["float32"], errs
+
+
+def _fused_products(plan: dict) -> list[tuple[str, int, int]]:
+    """(kernel, matmul id, accumulator id) of every matmul the plan fuses into its
+    accumulator."""
+    return [
+        (k["name"], o["id"], o["accumulate_into"])
+        for k in plan["kernels"]
+        if k["kind"] == "generated"
+        for o in k["ops"]
+        if o.get("accumulate_into") is not None
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_fused_product_adds_into_its_accumulator_and_takes_no_slot(dtype: str) -> None:
+    fused = 0
+    for case in plans.small_cases(dtype):
+        if (dtype, case.name) in TOO_BIG:
+            continue
+        src = generate_msl(case.plan)
+        for name, mm, acc in _fused_products(case.plan):
+            fused += 1
+            text = src.text.split(f"kernel void {name}(")[1].split("kernel void ")[0]
+            assert f"* s{mm} =" not in text and f"* s{acc} =" in text, case.name
+        if _fused_products(case.plan):
+            errs, _ = run(src, case)
+            assert max(errs) <= TOL[dtype], (case.name, errs)
+    assert fused, "no fixture plan fuses a matmul into its accumulator"
+
+
+def test_16_bit_operands_are_widened_block_by_block_when_whole_tiles_do_not_fit() -> None:
+    """Each 16-bit plan printed under a threadgroup budget one byte below what its widened
+    whole tiles need: where the per-SIMD-group blocks fit, they are printed and checked."""
+    printed = []
+    for dtype in ("float16", "bfloat16"):
+        for case in plans.small_cases(dtype):
+            whole = generate_msl(case.plan)
+            assert "simdgroup_barrier" not in whole.text
+            need = max(v["smem"] for v in whole.kernels.values())
+            try:
+                src = generate_msl(case.plan, MslOptions(threadgroup_memory=need - 1))
+            except CodegenError as exc:
+                assert "Apple GPU limit" in str(exc)
+                continue
+            assert "simdgroup_barrier(mem_flags::mem_threadgroup);" in src.text
+            assert max(v["smem"] for v in src.kernels.values()) < need
+            errs, _ = run(src, case)
+            assert max(errs) <= TOL[dtype], (dtype, case.name, errs)
+            printed.append(f"{dtype}-{case.name}")
+    assert printed, "no 16-bit fixture plan fits with block-widened operands"
+    print("block-widened:", printed)

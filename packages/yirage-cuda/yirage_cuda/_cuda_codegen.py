@@ -49,7 +49,7 @@ from yirage_triton import launcher_lines
 
 __all__ = ["CODEGEN_VERSION", "CudaCppOptions", "CudaCppSource", "generate_cuda"]
 
-CODEGEN_VERSION = "cudacpp-4"
+CODEGEN_VERSION = "cudacpp-5"
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,7 @@ class _CudaKernelPrinter(CFamilyPrinter):
         batch = math.prod(ad[:-2])
         m, kk = ad[-2], ad[-1]
         nn = bd[-1]
-        s = self.slot_for(o)
+        s, acc_id = self.product_slot(o)
         dt = self.mma_dtype
         mp, np_, kp = -(-m // 16) * 16, -(-nn // 8) * 8, -(-kk // 16) * 16
         conv = "yr_f2h" if dt == "float16" else "yr_f2b"
@@ -322,6 +322,10 @@ class _CudaKernelPrinter(CFamilyPrinter):
         if temps:
             code.append(self.SYNC)
         tiles_m, tiles_n = mp // 16, np_ // 8
+
+        def put(e: str, v: str) -> str:  # the write of one element of batch bb's C tile
+            return self.write_product(f"C[{e}]", f"(bb * {m * nn} + {e})", v, acc_id)
+
         ntiles = batch * tiles_m * tiles_n
         conv_in = "yr_h2f" if dt == "float16" else "yr_b2f"
         code += [
@@ -355,22 +359,27 @@ class _CudaKernelPrinter(CFamilyPrinter):
             '                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));',
             "  }",
             "  const int r0 = mt + gq, r1 = mt + gq + 8, cc = nt + 2 * tq;",
-            f"  if (r0 < {m} && cc < {nn}) C[r0 * {nn} + cc] = c0;",
-            f"  if (r0 < {m} && cc + 1 < {nn}) C[r0 * {nn} + cc + 1] = c1;",
-            f"  if (r1 < {m} && cc < {nn}) C[r1 * {nn} + cc] = c2;",
-            f"  if (r1 < {m} && cc + 1 < {nn}) C[r1 * {nn} + cc + 1] = c3;",
+            *(
+                f"  if ({r} < {m} && {c} < {nn}) " + put(f"{r} * {nn} + {c}", v)
+                for r, c, v in (
+                    ("r0", "cc", "c0"),
+                    ("r0", "cc + 1", "c1"),
+                    ("r1", "cc", "c2"),
+                    ("r1", "cc + 1", "c3"),
+                )
+            ),
             "#else",
             "  // host emulation of the same 16x8 tile from the same staged operands",
             "  for (int i = 0; i < 16; ++i) for (int j = 0; j < 8; ++j) {",
             "    float acc = 0.0f;",
             f"    for (int k = 0; k < {kp}; ++k) acc += {conv_in}(A[(mt + i) * {kp} + k]) * "
             f"{conv_in}(B[k * {np_} + nt + j]);",
-            f"    if (mt + i < {m} && nt + j < {nn}) C[(mt + i) * {nn} + nt + j] = acc;",
+            f"    if (mt + i < {m} && nt + j < {nn}) " + put(f"(mt + i) * {nn} + nt + j", "acc"),
             "  }",
             "#endif",
             "}",
         ]
-        return Step(lambda: code, [s], [a, b], temps)
+        return self.product_step(s, acc_id, lambda: code, [a, b], temps)
 
 
 def generate_cuda(plan: object, options: CudaCppOptions | None = None) -> CudaCppSource:

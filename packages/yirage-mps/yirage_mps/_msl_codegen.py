@@ -15,7 +15,10 @@ Metal specifics:
 * tile matmuls whose M, N and K are multiples of 8 run on ``simdgroup_float8x8`` matrices
   (``simdgroup_load`` / ``simdgroup_multiply_accumulate`` / ``simdgroup_store``, one SIMD-group
   per 8x8 output tile, fp32 accumulation; 16-bit operand tiles are first widened into fp32
-  threadgroup tiles, as the multiply-accumulate takes one element type); other shapes (or
+  threadgroup tiles, as the multiply-accumulate takes one element type, or, where those
+  would not fit, one 8x8 block at a time into a scratch of each SIMD-group); a matmul the
+  plan fuses into its accumulator (``accumulate_into``) adds into the accumulator's tile in
+  place; other shapes (or
   ``use_simdgroup_matrix=False``) use one thread per output with an fp32 FMA loop;
 * the threadgroup memory is one ``float`` array per kernel declared in the kernel's scope
   through the ``YR_THREADGROUP_MEMORY`` macro (``torch.mps.compile_shader`` sets no
@@ -38,11 +41,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from yirage.cfamily import CFamilyPrinter, Slot, Step
-from yirage.plan import GeneratedKernel, Plan, TileOp, parse_plan
+from yirage.plan import CodegenError, GeneratedKernel, Plan, TileOp, parse_plan
 
 __all__ = ["CODEGEN_VERSION", "MslOptions", "MslSource", "generate_msl"]
 
-CODEGEN_VERSION = "msl-1"
+CODEGEN_VERSION = "msl-2"
 
 
 @dataclass(frozen=True)
@@ -124,9 +127,14 @@ class MslKernelPrinter(CFamilyPrinter):
         "pow": "pow",
     }
 
-    def __init__(self, plan: Plan, k: GeneratedKernel, opts: MslOptions) -> None:
+    def __init__(
+        self, plan: Plan, k: GeneratedKernel, opts: MslOptions, widen_blocks: bool = False
+    ) -> None:
         super().__init__(plan, k, opts.threadgroup_memory)
         self.opts = opts
+        # widen 16-bit matmul operands one 8x8 block at a time into per-SIMD-group scratch
+        # (for kernels whose whole widened tiles would not fit the threadgroup memory)
+        self.widen_blocks = widen_blocks
 
     def storage_type(self, kind: str) -> str:
         return _TYPES[kind]
@@ -184,9 +192,17 @@ class MslKernelPrinter(CFamilyPrinter):
             return super().matmul_step(o)
         a, b = self.slots[a_id], self.slots[b_id]
         batch = math.prod(ad[:-2])
-        s = self.slot_for(o)
+        s, acc_id = self.product_slot(o)
+        if self.widen_blocks and (a.kind != "f32" or b.kind != "f32"):
+            return self._block_widened_matmul(o, s, acc_id)
         temps: list[Slot] = []
         code: list[str] = []
+        if acc_id is not None and self.rescale(acc_id, "i"):
+            # a fused product adds into its accumulator: rescale it first, in place
+            code += self.loop(
+                batch * m * nn, [self.write_product(f"{s.name}[i]", "i", "0.0f", acc_id)]
+            )
+            code.append(self.SYNC)
         operands = []
         for x, name in ((a, f"ma{o.id}"), (b, f"mb{o.id}")):
             if x.kind == "f32":
@@ -204,7 +220,14 @@ class MslKernelPrinter(CFamilyPrinter):
             "// one SIMD-group per 8x8 output tile, simdgroup_matrix multiply-accumulate",
             f"for (int t = warp; t < {batch * tm * tn}; t += {self.warps}) {{",
             f"  const int bb = t / {tm * tn}, mt = ((t / {tn}) % {tm}) * 8, nt = (t % {tn}) * 8;",
-            "  simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);",
+            *(
+                ["  simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);"]
+                if acc_id is None
+                else [
+                    "  simdgroup_float8x8 acc;  // the accumulator's tile: the product adds in",
+                    f"  simdgroup_load(acc, {s.name} + bb * {m * nn} + mt * {nn} + nt, {nn});",
+                ]
+            ),
             f"  for (int k0 = 0; k0 < {kk}; k0 += 8) {{",
             "    simdgroup_float8x8 ma, mb;",
             f"    simdgroup_load(ma, {sa.name} + bb * {m * kk} + mt * {kk} + k0, {kk});",
@@ -214,7 +237,57 @@ class MslKernelPrinter(CFamilyPrinter):
             f"  simdgroup_store(acc, {s.name} + bb * {m * nn} + mt * {nn} + nt, {nn});",
             "}",
         ]
-        return Step(lambda: code, [s], [a, b], temps)
+        return self.product_step(s, acc_id, lambda: code, [a, b], temps)
+
+    def _block_widened_matmul(self, o: TileOp, s: Slot, acc_id: int | None) -> Step:
+        """The SIMD-group matmul with its 16-bit operands widened one 8x8 block per step into
+        a 2x64-float scratch of each SIMD-group (``simdgroup_barrier`` orders its lanes'
+        writes before the matrix loads, and the loads before the next block's writes)."""
+        a_id, b_id = o.args
+        a, b = self.slots[a_id], self.slots[b_id]
+        ad, bd = self.by_id[a_id].dims, self.by_id[b_id].dims
+        m, kk, nn = ad[-2], ad[-1], bd[-1]
+        batch = math.prod(ad[:-2])
+        scratch = self.temp(f"mw{o.id}", "f32", self.warps * 128)
+        code: list[str] = []
+        if acc_id is not None and self.rescale(acc_id, "i"):
+            code += self.loop(
+                batch * m * nn, [self.write_product(f"{s.name}[i]", "i", "0.0f", acc_id)]
+            )
+            code.append(self.SYNC)
+        tm, tn = m // 8, nn // 8
+        a_at = f"bb * {m * kk} + (mt + e / 8) * {kk} + k0 + e % 8"
+        b_at = f"bb * {kk * nn} + (k0 + e / 8) * {nn} + nt + e % 8"
+        code += [
+            "// one SIMD-group per 8x8 output tile; 16-bit operands widened block by block",
+            f"for (int t = warp; t < {batch * tm * tn}; t += {self.warps}) {{",
+            f"  threadgroup float* wa = {scratch.name} + warp * 128;",
+            "  threadgroup float* wb = wa + 64;",
+            f"  const int bb = t / {tm * tn}, mt = ((t / {tn}) % {tm}) * 8, nt = (t % {tn}) * 8;",
+            *(
+                ["  simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);"]
+                if acc_id is None
+                else [
+                    "  simdgroup_float8x8 acc;  // the accumulator's tile: the product adds in",
+                    f"  simdgroup_load(acc, {s.name} + bb * {m * nn} + mt * {nn} + nt, {nn});",
+                ]
+            ),
+            f"  for (int k0 = 0; k0 < {kk}; k0 += 8) {{",
+            "    for (int e = lane; e < 64; e += 32) {",
+            f"      wa[e] = {a.read(a_at)};",
+            f"      wb[e] = {b.read(b_at)};",
+            "    }",
+            "    simdgroup_barrier(mem_flags::mem_threadgroup);",
+            "    simdgroup_float8x8 ma, mb;",
+            "    simdgroup_load(ma, wa, 8);",
+            "    simdgroup_load(mb, wb, 8);",
+            "    simdgroup_barrier(mem_flags::mem_threadgroup);",
+            "    simdgroup_multiply_accumulate(acc, ma, mb, acc);",
+            "  }",
+            f"  simdgroup_store(acc, {s.name} + bb * {m * nn} + mt * {nn} + nt, {nn});",
+            "}",
+        ]
+        return self.product_step(s, acc_id, lambda: code, [a, b], [scratch])
 
 
 def generate_msl(plan: object, options: MslOptions | None = None) -> MslSource:
@@ -226,7 +299,14 @@ def generate_msl(plan: object, options: MslOptions | None = None) -> MslSource:
     params: dict[str, list[int]] = {}
     for k in p.generated:
         pr = MslKernelPrinter(p, k, opts)
-        lines, smem = pr.build()
+        try:
+            lines, smem = pr.build()
+        except CodegenError:
+            if pr.smem_bytes <= opts.threadgroup_memory:
+                raise
+            # over the limit: widen 16-bit matmul operands block by block instead
+            pr = MslKernelPrinter(p, k, opts, widen_blocks=True)
+            lines, smem = pr.build()
         parts.append("\n".join(lines))
         kernels[k.name] = {"smem": smem, "threads": pr.threads}
         params[k.name] = list(pr.params)

@@ -181,6 +181,9 @@ class CFamilyPrinter:
         for acc in (*k.inputs, *k.outputs, *shifts, *self.stores):
             if acc.buffer not in self.params:
                 self.params.append(acc.buffer)
+        # accumulator id -> the matmul that adds into it in place (the plan's accumulate_into):
+        # such a product takes no slot of its own
+        self.fused_accums = k.fused_accums()
         self.group_of_exp = {g.exp: i for i, g in enumerate(k.safe_softmax)}
         self.groups_of_acc: dict[int, list[int]] = {}
         for i, g in enumerate(k.safe_softmax):
@@ -653,6 +656,36 @@ class CFamilyPrinter:
         ]
 
     # -- matmul -----------------------------------------------------------------------------------
+    def product_slot(self, o: TileOp) -> tuple[Slot, int | None]:
+        """Where matmul ``o`` writes its product: its accumulator's slot and id when the plan
+        fuses it into one (``accumulate_into``; the product is then added in place), else a
+        slot of its own and None."""
+        if o.accumulate_into is not None:
+            return self.slots[o.accumulate_into], o.accumulate_into
+        return self.slot_for(o), None
+
+    def write_product(self, dst: str, idx: str, value: str, acc_id: int | None) -> str:
+        """``dst = value``, or for a fused product ``dst = dst·alpha + value`` (the
+        accumulator's safe-softmax rescaling; ``idx`` is the flat index into its tile)."""
+        if acc_id is None:
+            return f"{dst} = {value};"
+        return f"{dst} = {dst}{self.rescale(acc_id, idx)} + {value};"
+
+    def product_step(
+        self,
+        s: Slot,
+        acc_id: int | None,
+        code: Callable[[], list[str]],
+        reads: list[Slot],
+        temps: list[Slot] | None = None,
+    ) -> Step:
+        """The step of a matmul writing ``s``: it defines its own slot, or reads and updates
+        the accumulator (and its groups' rescaling factors) it is fused into."""
+        if acc_id is None:
+            return Step(code, [s], reads, temps or [])
+        groups = [self.group_alpha[g] for g in self.groups_of_acc.get(acc_id, [])]
+        return Step(code, [], [*reads, s, *groups], temps or [])
+
     def matmul_step(self, o: TileOp) -> Step:
         """A tile matmul, one thread per output element with an fp32 FMA loop (dialects
         override it with matrix instructions where the shapes allow)."""
@@ -662,16 +695,16 @@ class CFamilyPrinter:
         batch = math.prod(ad[:-2])
         m, kk = ad[-2], ad[-1]
         nn = bd[-1]
-        s = self.slot_for(o)
+        s, acc_id = self.product_slot(o)
         body = [
             f"const int bb = i / {m * nn}, mi = (i / {nn}) % {m}, ni = i % {nn};",
             "float acc = 0.0f;",
             f"for (int k = 0; k < {kk}; ++k) acc += "
             f"{a.read(f'bb * {m * kk} + mi * {kk} + k')} * "
             f"{b.read(f'bb * {kk * nn} + k * {nn} + ni')};",
-            f"{s.name}[i] = acc;",
+            self.write_product(f"{s.name}[i]", "i", "acc", acc_id),
         ]
-        return Step(lambda: self.loop(batch * m * nn, body), [s], [a, b])
+        return self.product_step(s, acc_id, lambda: self.loop(batch * m * nn, body), [a, b])
 
     # -- safe softmax -----------------------------------------------------------------------------
     def safe_exp_step(self, o: TileOp) -> Step:
@@ -832,6 +865,8 @@ class CFamilyPrinter:
 
         self.steps.append(Step(init_code, [*acc_slots, *gm], [], section="init"))
         for o in loop_ops:
+            if o.id in self.fused_accums:
+                continue  # its matmul adds into it in place
             st = self.accum_step(o) if o.op == "accum" else self.op_step(o, "it")
             st.section = "loop"
             self.steps.append(st)
