@@ -82,25 +82,43 @@ def test_policy_follows_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     assert p.fixed == p.cores and "spin" in p.source
 
 
+class _Machine:
+    """A fake clock, machine busy time and process CPU time for the thread policy."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, runnable: int = 1) -> None:
+        self.now, self.busy, self.own = 100.0, 5000.0, 10.0
+        self.runnable = runnable
+        monkeypatch.setattr(_threads.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(_threads.time, "process_time", lambda: self.own)
+        monkeypatch.setattr(_threads, "machine_busy_seconds", lambda: self.busy)
+        monkeypatch.setattr(_threads, "runnable_tasks", lambda: self.runnable)
+
+    def run(self, seconds: float, own_cores: float, other_cores: float) -> None:
+        """``seconds`` (and a microsecond, past a window's end) pass with this process busy
+        on ``own_cores`` and others on ``other_cores``."""
+        seconds += 1e-6
+        self.now += seconds
+        self.own += own_cores * seconds
+        self.busy += (own_cores + other_cores) * seconds
+
+
 def test_omp_num_threads_caps_the_idle_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    """OMP_NUM_THREADS is the most threads a call gets; fewer while other tasks hold the
-    cores (OpenMP's dynamic adjustment), never more than the cores."""
+    """OMP_NUM_THREADS is the most threads a call gets; fewer while other processes hold
+    the cores (OpenMP's dynamic adjustment), never more than the cores."""
     for var in _POLICY_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(_threads, "_machine_wide", lambda cores: True)
     monkeypatch.setattr(_threads, "usable_cores", lambda: 4)
-    loads = iter([1, 1, 9, 3])
-    monkeypatch.setattr(_threads, "runnable_tasks", lambda: next(loads))
+    m = _Machine(monkeypatch)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     p = _threads.policy()
     assert p.adaptive and (p.cap, p.max_threads, p.source) == (2, 2, "OMP_NUM_THREADS")
     assert "at most 2" in p.describe()
     assert p.current() == 2  # idle machine: the cap
-    p._sampled_at -= _threads.SAMPLE_SECONDS
-    assert p.current() == 1  # 9 runnable on 4 cores
-    p._sampled_at -= _threads.SAMPLE_SECONDS
+    m.run(_threads.WINDOW_SECONDS, own_cores=2, other_cores=3.2)
+    assert p.current() == 1  # others held 3 of 4 cores
+    m.run(_threads.WINDOW_SECONDS, own_cores=1, other_cores=2.0)
     assert p.current() == 2  # 2 idle cores
-    monkeypatch.setattr(_threads, "runnable_tasks", lambda: 1)
     monkeypatch.setenv("OMP_NUM_THREADS", "16")
     assert _threads.policy().max_threads == 4
     monkeypatch.setenv("OMP_WAIT_POLICY", "active")  # spinning: the count cannot tell
@@ -108,16 +126,49 @@ def test_omp_num_threads_caps_the_idle_cores(monkeypatch: pytest.MonkeyPatch) ->
     assert (p.fixed, p.adaptive) == (16, False)
 
 
-def test_adaptive_policy_samples_the_idle_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    loads = iter([1, 9, 1])
-    monkeypatch.setattr(_threads, "runnable_tasks", lambda: next(loads))
+def test_adaptive_policy_follows_other_processes_not_its_own_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m = _Machine(monkeypatch, runnable=1)
+    p = _threads.ThreadPolicy(cores=4, fixed=None, source="idle cores")
+    assert p.current() == 4  # before the first window: the runnable count (1: this thread)
+    m.runnable = 9  # from here on: this process's own threads (torch's spinning workers)
+    m.run(_threads.WINDOW_SECONDS, own_cores=4, other_cores=0)
+    assert p.current() == 4  # the machine was busy with this process only
+    m.run(_threads.WINDOW_SECONDS * 0.6, own_cores=0, other_cores=4)
+    assert p.current() == 4  # within the window: the count is reused
+    m.run(_threads.WINDOW_SECONDS * 0.6, own_cores=0, other_cores=4)
+    assert p.current() == 1  # others held every core; never fewer than one thread
+    m.run(_threads.WINDOW_SECONDS, own_cores=1.4, other_cores=2.6)
+    assert p.current() == 1  # others held about 3 cores
+    m.run(_threads.WINDOW_SECONDS, own_cores=2, other_cores=1.2)
+    assert p.current() == 3
+    m.run(_threads.WINDOW_SECONDS, own_cores=2, other_cores=0.3)
+    assert p.current() == 4  # a background trickle rounds away
+
+
+def test_adaptive_policy_without_proc_stat_uses_the_runnable_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m = _Machine(monkeypatch, runnable=1)
+    monkeypatch.setattr(_threads, "machine_busy_seconds", lambda: None)
     p = _threads.ThreadPolicy(cores=4, fixed=None, source="idle cores")
     assert p.current() == 4
-    assert p.current() == 4  # within SAMPLE_SECONDS: the sample is reused
-    p._sampled_at -= _threads.SAMPLE_SECONDS
+    m.runnable = 9
+    m.run(_threads.WINDOW_SECONDS, own_cores=1, other_cores=0)
     assert p.current() == 1  # 9 runnable on 4 cores
-    p._sampled_at -= _threads.SAMPLE_SECONDS
-    assert p.current() == 4
+
+
+def test_machine_busy_seconds_reads_the_first_line(tmp_path: Path) -> None:
+    f = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    f.write_text("cpu  100 20 30 9000 50 5 7 400 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    tick = _threads._CLOCK_TICKS
+    assert _threads.machine_busy_seconds(f) == pytest.approx((100 + 20 + 30 + 5 + 7) / tick)
+    f.write_text("intr 1 2 3\n")
+    assert _threads.machine_busy_seconds(f) is None
+    assert _threads.machine_busy_seconds(tmp_path / "absent") is None
+    assert _threads.machine_busy_seconds() is not None or not Path("/proc/stat").exists()
 
 
 def test_wait_policy_is_passive_unless_the_environment_chose(

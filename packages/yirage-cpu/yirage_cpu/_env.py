@@ -9,8 +9,8 @@ YIRAGE_CPU_THREADS = register_env_var(
         "YIRAGE_CPU_THREADS",
         None,
         "Threads of every CPU-backend kernel (a positive integer; at most the cores the "
-        "process may use). Unset: as many as there are idle cores among those the process "
-        "may use, re-read every few milliseconds, at most OMP_NUM_THREADS when that is set.",
+        "process may use). Unset: as many as other processes left idle among those the "
+        "process may use over the last 0.1 s, at most OMP_NUM_THREADS when that is set.",
     )
 )
 

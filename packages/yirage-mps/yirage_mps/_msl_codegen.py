@@ -196,13 +196,7 @@ class MslKernelPrinter(CFamilyPrinter):
         if self.widen_blocks and (a.kind != "f32" or b.kind != "f32"):
             return self._block_widened_matmul(o, s, acc_id)
         temps: list[Slot] = []
-        code: list[str] = []
-        if acc_id is not None and self.rescale(acc_id, "i"):
-            # a fused product adds into its accumulator: rescale it first, in place
-            code += self.loop(
-                batch * m * nn, [self.write_product(f"{s.name}[i]", "i", "0.0f", acc_id)]
-            )
-            code.append(self.SYNC)
+        code = self._rescaled_first(s, acc_id, batch * m * nn)
         operands = []
         for x, name in ((a, f"ma{o.id}"), (b, f"mb{o.id}")):
             if x.kind == "f32":
@@ -239,6 +233,13 @@ class MslKernelPrinter(CFamilyPrinter):
         ]
         return self.product_step(s, acc_id, lambda: code, [a, b], temps)
 
+    def _rescaled_first(self, s: Slot, acc_id: int | None, n: int) -> list[str]:
+        """For a product fused into accumulator ``acc_id`` with safe-softmax rescaling: the
+        accumulator's ``n`` elements rescaled in place before SIMD-group matrices load it."""
+        if acc_id is None or not self.rescale(acc_id, "i"):
+            return []
+        return [*self.loop(n, [self.write_product(f"{s.name}[i]", "i", "0.0f", acc_id)]), self.SYNC]
+
     def _block_widened_matmul(self, o: TileOp, s: Slot, acc_id: int | None) -> Step:
         """The SIMD-group matmul with its 16-bit operands widened one 8x8 block per step into
         a 2x64-float scratch of each SIMD-group (``simdgroup_barrier`` orders its lanes'
@@ -249,12 +250,7 @@ class MslKernelPrinter(CFamilyPrinter):
         m, kk, nn = ad[-2], ad[-1], bd[-1]
         batch = math.prod(ad[:-2])
         scratch = self.temp(f"mw{o.id}", "f32", self.warps * 128)
-        code: list[str] = []
-        if acc_id is not None and self.rescale(acc_id, "i"):
-            code += self.loop(
-                batch * m * nn, [self.write_product(f"{s.name}[i]", "i", "0.0f", acc_id)]
-            )
-            code.append(self.SYNC)
+        code = self._rescaled_first(s, acc_id, batch * m * nn)
         tm, tn = m // 8, nn // 8
         a_at = f"bb * {m * kk} + (mt + e / 8) * {kk} + k0 + e % 8"
         b_at = f"bb * {kk * nn} + (k0 + e / 8) * {nn} + nt + e % 8"
