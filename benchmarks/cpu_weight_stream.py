@@ -7,7 +7,8 @@ the matmul's software prefetch of its streamed B rows (``yirage_cpu._codegen.STR
 and, where the host has AVX512-BF16 and the plan has bfloat16 dot products, once more for a
 target without it (the bfloat16 weights widened and multiplied by float FMAs), and timed
 interleaved with PyTorch eager and with a plain read of the case's weight bytes (a C/OpenMP
-sum over 1 and 2 threads, compiled with the backend's flags). Every call of a round runs
+sum over 1 and 2 threads, compiled with the backend's flags); each rate is also given as a
+share of the copy bandwidth the bench's roofline uses (measured once at the start). Every call of a round runs
 once per contestant; medians over ``--rounds`` rounds are printed in microseconds with the
 weight bytes per second they mean. Thread counts are fixed (``--threads``, default 2: the
 kernels through ``YIRAGE_CPU_THREADS``, torch through ``torch.set_num_threads``) so the
@@ -111,6 +112,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     backend = _backend.CpuBackend()
     read = _read_stream()
+    from yirage._bench._roofline import measure_copy_bandwidth
+
+    copy_bw, _ = measure_copy_bandwidth("cpu")
+    print(f"copy bandwidth (the bench's roofline; read + written): {copy_bw / 1e9:.1f} GB/s")
     for name in args.cases:
         wl = get_workload(name)
         for preset in args.presets:
@@ -146,7 +151,9 @@ def main() -> None:
             )
             for label, ts in times.items():
                 med = statistics.median(ts)
-                print(f"  {label:26s} {med:9.1f} µs  {nbytes / med / 1e3:6.1f} GB/s")
+                rate = nbytes / med / 1e3
+                share = 100 * rate * 1e9 / copy_bw
+                print(f"  {label:26s} {med:9.1f} µs  {rate:6.1f} GB/s  {share:4.0f}% of copy")
 
 
 if __name__ == "__main__":
