@@ -1,17 +1,17 @@
 """How close the CPU kernels of the model-size cases come to streaming their weights at the
 machine's read bandwidth, side by side in one process.
 
-For each case (``rmsnorm_linear``, ``gated_mlp``, ``lora``, ``gqa_decode`` at the ``model``
-and ``model_bf16`` presets) the kernel ``superoptimize`` chooses is printed with and without
-the matmul's software prefetch of its streamed B rows (``yirage_cpu._codegen.STREAM_PREFETCH``)
+For each case (``rmsnorm_linear``, ``gated_mlp``, ``lora``, ``gqa_decode`` at the ``model`` and
+``model_bf16`` presets) the kernel ``superoptimize`` chooses is printed with and without the
+matmul's software prefetch of its streamed B rows (``yirage_cpu._codegen.STREAM_PREFETCH``)
 and, where the host has AVX512-BF16 and the plan has bfloat16 dot products, once more for a
 target without it (the bfloat16 weights widened and multiplied by float FMAs), and timed
-interleaved with PyTorch eager and with a plain read of the case's weight bytes (a C/OpenMP
-sum over 1 and 2 threads, compiled with the backend's flags); each rate is also given as a
-share of the copy bandwidth the bench's roofline uses (measured once at the start). Every
-call of a round runs once per contestant; medians over ``--rounds`` rounds are printed in microseconds with the
-weight bytes per second they mean. Thread counts are fixed (``--threads``, default 2: the
-kernels through ``YIRAGE_CPU_THREADS``, torch through ``torch.set_num_threads``) so the
+interleaved with PyTorch eager and with a plain read of the case's weight bytes (a C/OpenMP sum
+over 1 and 2 threads, compiled with the backend's flags); each rate is also given as a share of
+the copy bandwidth the bench's roofline uses (measured once at the start). Every call of a
+round runs once per contestant; medians over ``--rounds`` rounds are printed in microseconds
+with the weight bytes per second they mean. Thread counts are fixed (``--threads``, default 2:
+the kernels through ``YIRAGE_CPU_THREADS``, torch through ``torch.set_num_threads``) so the
 contestants share the machine alike. Run from the repository root, e.g.::
 
     python benchmarks/cpu_weight_stream.py --rounds 31 --cases rmsnorm_linear
