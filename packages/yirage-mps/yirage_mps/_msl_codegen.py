@@ -209,29 +209,57 @@ class MslKernelPrinter(CFamilyPrinter):
         if temps:
             code.append(self.SYNC)
         sa, sb = operands
+        code += self._tile_loop(
+            "simdgroup_matrix multiply-accumulate",
+            s,
+            acc_id,
+            (batch, m, kk, nn),
+            [],
+            [
+                f"simdgroup_load(ma, {sa.name} + bb * {m * kk} + mt * {kk} + k0, {kk});",
+                f"simdgroup_load(mb, {sb.name} + bb * {kk * nn} + k0 * {nn} + nt, {nn});",
+            ],
+        )
+        return self.product_step(s, acc_id, lambda: code, [a, b], temps)
+
+    def _tile_loop(
+        self,
+        what: str,
+        s: Slot,
+        acc_id: int | None,
+        shape: tuple[int, int, int, int],
+        head: list[str],
+        load_ab: list[str],
+    ) -> list[str]:
+        """One SIMD-group per 8x8 tile of ``s`` (``shape`` = batch, M, K, N): the tile starts
+        at zero, or at the accumulator's values for a fused product, then each k step runs
+        ``load_ab`` (filling ``ma``/``mb``) and a multiply-accumulate; ``head`` opens the
+        tile loop's body."""
+        batch, m, kk, nn = shape
         tm, tn = m // 8, nn // 8
-        code += [
-            "// one SIMD-group per 8x8 output tile, simdgroup_matrix multiply-accumulate",
+        at = f"{s.name} + bb * {m * nn} + mt * {nn} + nt"
+        start = (
+            ["simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);"]
+            if acc_id is None
+            else [
+                "simdgroup_float8x8 acc;  // the accumulator's tile: the product adds in",
+                f"simdgroup_load(acc, {at}, {nn});",
+            ]
+        )
+        return [
+            f"// one SIMD-group per 8x8 output tile, {what}",
             f"for (int t = warp; t < {batch * tm * tn}; t += {self.warps}) {{",
+            *(f"  {line}" for line in head),
             f"  const int bb = t / {tm * tn}, mt = ((t / {tn}) % {tm}) * 8, nt = (t % {tn}) * 8;",
-            *(
-                ["  simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);"]
-                if acc_id is None
-                else [
-                    "  simdgroup_float8x8 acc;  // the accumulator's tile: the product adds in",
-                    f"  simdgroup_load(acc, {s.name} + bb * {m * nn} + mt * {nn} + nt, {nn});",
-                ]
-            ),
+            *(f"  {line}" for line in start),
             f"  for (int k0 = 0; k0 < {kk}; k0 += 8) {{",
             "    simdgroup_float8x8 ma, mb;",
-            f"    simdgroup_load(ma, {sa.name} + bb * {m * kk} + mt * {kk} + k0, {kk});",
-            f"    simdgroup_load(mb, {sb.name} + bb * {kk * nn} + k0 * {nn} + nt, {nn});",
+            *(f"    {line}" for line in load_ab),
             "    simdgroup_multiply_accumulate(acc, ma, mb, acc);",
             "  }",
-            f"  simdgroup_store(acc, {s.name} + bb * {m * nn} + mt * {nn} + nt, {nn});",
+            f"  simdgroup_store(acc, {at}, {nn});",
             "}",
         ]
-        return self.product_step(s, acc_id, lambda: code, [a, b], temps)
 
     def _rescaled_first(self, s: Slot, acc_id: int | None, n: int) -> list[str]:
         """For a product fused into accumulator ``acc_id`` with safe-softmax rescaling: the
@@ -251,38 +279,28 @@ class MslKernelPrinter(CFamilyPrinter):
         batch = math.prod(ad[:-2])
         scratch = self.temp(f"mw{o.id}", "f32", self.warps * 128)
         code = self._rescaled_first(s, acc_id, batch * m * nn)
-        tm, tn = m // 8, nn // 8
         a_at = f"bb * {m * kk} + (mt + e / 8) * {kk} + k0 + e % 8"
         b_at = f"bb * {kk * nn} + (k0 + e / 8) * {nn} + nt + e % 8"
-        code += [
-            "// one SIMD-group per 8x8 output tile; 16-bit operands widened block by block",
-            f"for (int t = warp; t < {batch * tm * tn}; t += {self.warps}) {{",
-            f"  threadgroup float* wa = {scratch.name} + warp * 128;",
-            "  threadgroup float* wb = wa + 64;",
-            f"  const int bb = t / {tm * tn}, mt = ((t / {tn}) % {tm}) * 8, nt = (t % {tn}) * 8;",
-            *(
-                ["  simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);"]
-                if acc_id is None
-                else [
-                    "  simdgroup_float8x8 acc;  // the accumulator's tile: the product adds in",
-                    f"  simdgroup_load(acc, {s.name} + bb * {m * nn} + mt * {nn} + nt, {nn});",
-                ]
-            ),
-            f"  for (int k0 = 0; k0 < {kk}; k0 += 8) {{",
-            "    for (int e = lane; e < 64; e += 32) {",
-            f"      wa[e] = {a.read(a_at)};",
-            f"      wb[e] = {b.read(b_at)};",
-            "    }",
-            "    simdgroup_barrier(mem_flags::mem_threadgroup);",
-            "    simdgroup_float8x8 ma, mb;",
-            "    simdgroup_load(ma, wa, 8);",
-            "    simdgroup_load(mb, wb, 8);",
-            "    simdgroup_barrier(mem_flags::mem_threadgroup);",
-            "    simdgroup_multiply_accumulate(acc, ma, mb, acc);",
-            "  }",
-            f"  simdgroup_store(acc, {s.name} + bb * {m * nn} + mt * {nn} + nt, {nn});",
-            "}",
-        ]
+        code += self._tile_loop(
+            "16-bit operands widened block by block",
+            s,
+            acc_id,
+            (batch, m, kk, nn),
+            [
+                f"threadgroup float* wa = {scratch.name} + warp * 128;",
+                "threadgroup float* wb = wa + 64;",
+            ],
+            [
+                "for (int e = lane; e < 64; e += 32) {",
+                f"  wa[e] = {a.read(a_at)};",
+                f"  wb[e] = {b.read(b_at)};",
+                "}",
+                "simdgroup_barrier(mem_flags::mem_threadgroup);",
+                "simdgroup_load(ma, wa, 8);",
+                "simdgroup_load(mb, wb, 8);",
+                "simdgroup_barrier(mem_flags::mem_threadgroup);",
+            ],
+        )
         return self.product_step(s, acc_id, lambda: code, [a, b], [scratch])
 
 
