@@ -383,3 +383,64 @@ def test_the_stress_check_exempts_cancellation_and_says_so() -> None:
     kept = _stress_check(CpuBackend(), g, stress, entries, set(), rep)
     assert [e[1] for e in kept] == [0]
     assert any("checked for finiteness only" in n for n in rep.notes), rep.notes
+
+
+def _lora_extremes(seed: int) -> list[np.ndarray]:
+    """The LoRA workload's check inputs of ``seed`` with the extremes set's sprinkle (what
+    superoptimize's dtype-extremes stress set holds for that check seed)."""
+    from yirage._check import check_inputs
+    from yirage._workloads import get_workload
+
+    g = get_workload("lora").graph("cpu")
+    sset = _stress.extremes_stress(g, Shapes(g), check_inputs(g, seed), g.evaluate, seed)
+    return sset.arrays
+
+
+def _chunked_lora_overflows(arrays: list[np.ndarray], chunk: int) -> bool:
+    """Whether x·w + (x·a)·b computed in float32 as a sum over ``chunk``-wide slices of the
+    contraction, (x_k·a_k)·b per slice, is NaN/Inf somewhere the graph's order (x·a first)
+    and the float64 reference are finite."""
+    x, w, a, b = arrays
+    with np.errstate(all="ignore"):
+        ref = (x.astype(np.float64) @ w + (x.astype(np.float64) @ a) @ b).astype(np.float32)
+        graph_order = x @ w + (x @ a) @ b
+        chunked = np.zeros_like(graph_order)
+        for k in range(0, x.shape[1], chunk):
+            s = slice(k, k + chunk)
+            chunked += x[:, s] @ w[s] + (x[:, s] @ a[s]) @ b
+    finite = np.isfinite(ref) & np.isfinite(graph_order)
+    return bool((finite & ~np.isfinite(chunked)).any())
+
+
+def test_a_product_distributed_over_loop_slices_is_rejected_on_cancelling_extremes() -> None:
+    """LoRA's candidate that multiplies each slice's partial x_k·a_k by b inside the loop
+    overflows where two extremes' products (±2^112) cancel in the graph's x·a but not slice
+    by slice: a check seed whose extremes do that (found with a float32 model of that order)
+    rejects exactly that candidate, the report prints the seed, and the seed repeats it."""
+    from yirage._workloads import get_workload
+
+    w = get_workload("lora")
+    seed = next(s for s in range(2000) if _chunked_lora_overflows(_lora_extremes(s), 64))
+    opts: dict[str, Any] = dict(
+        profile_options=FAST_PROFILE, cache=False, device_spec=REFERENCE_CPU, check_seed=seed
+    )
+    rep = yr.superoptimize(w.graph("cpu"), "cpu", w.search_config, time_limit=30, **opts).report
+    form = "loop=64: matmul,matmul,matmul,add,accum_iter]"
+    distributed = [c for c in rep.candidates if form in c.description]
+    assert distributed, str(rep)
+    for c in rep.candidates:
+        if c in distributed:
+            assert c.status == "rejected", str(rep)
+            assert (c.error or "").startswith("stress check failed (dtype extremes"), str(rep)
+        else:
+            assert c.status == "ok", str(rep)
+    assert f"check seed: {seed} " in str(rep)
+    again = yr.superoptimize(w.graph("cpu"), "cpu", w.search_config, time_limit=30, **opts)
+    assert [c.status for c in again.report.candidates] == [c.status for c in rep.candidates]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "7", True])
+def test_a_check_seed_that_is_not_a_non_negative_int_is_refused(bad: Any) -> None:
+    g = _softmax_graph(written_out=False)
+    with pytest.raises(yr.ConfigError, match="check_seed must be a non-negative int"):
+        yr.superoptimize(g, "cpu", cache=False, device_spec=REFERENCE_CPU, check_seed=bad)

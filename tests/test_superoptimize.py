@@ -674,9 +674,14 @@ def test_every_workload_end_to_end_on_cpu(name: str) -> None:
     rep = k.report
     assert json.loads(rep.search["device_spec"])["shared_mem_per_block"] == 128 * 1024
     assert rep.chosen_index is not None and rep.max_rel_err is not None and rep.max_rel_err <= 1e-4
-    # every candidate the search emits prints, compiles (-Werror) and passes the check, and
-    # the fused form (one generated kernel) is among them, whichever profiling picks
-    assert all(c.status == "ok" for c in rep.candidates), str(rep)
+    # every candidate the search emits prints, compiles (-Werror) and passes the ordinary
+    # check, and the fused form (one generated kernel) is among them, whichever profiling
+    # picks. The dtype-extremes set may reject one on some draws: a sum the candidate splits
+    # differently from the graph overflows where two extremes cancel in the graph's order
+    # (tests/test_overflow_safety.py pins such a draw).
+    for c in rep.candidates:
+        extremes = (c.error or "").startswith("stress check failed (dtype extremes")
+        assert c.status == "ok" or (c.status == "rejected" and extremes), str(rep)
     assert any(c.description.endswith("[1 generated kernel]") for c in rep.candidates), str(rep)
     assert k.source and k.plan["format"] == "yirage.kernel_plan"
     inputs = w.inputs("cpu", seed=7)

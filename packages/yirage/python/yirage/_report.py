@@ -143,6 +143,11 @@ class SuperoptimizeReport:
                 f"max rel err {_fmt(self.max_rel_err, '.1e')} (tolerance {self.tolerance:g})"
             )
         lines.extend(f"  note: {n}" for n in self.notes)
+        if self.check_seed is not None and any(c.status == "rejected" for c in self.candidates):
+            lines.append(
+                f"  check seed: {self.check_seed} (superoptimize(..., check_seed="
+                f"{self.check_seed}, cache=False) draws the same check inputs again)"
+            )
         return "\n".join(lines)
 
 

@@ -158,6 +158,7 @@ def superoptimize(
     cache: bool = True,
     cache_noisy: bool = False,
     device_spec: Any = None,
+    check_seed: int | None = None,
     profile_options: Mapping[str, Any] | None = None,
     **search_options: Any,
 ) -> OptimizedKernel:
@@ -201,6 +202,9 @@ def superoptimize(
             candidates are still built, checked and timed on the backend's device, and
             code is printed for that device; the spec is part of the decision cache key.
             ``device="MI300X"`` (a :mod:`yirage.devices` name) stands for that chip's spec.
+        check_seed: the seed of the check and stress inputs (a non-negative int); fresh
+            by default. The report prints it, so a candidate rejected on one draw can be
+            rejected again: pass the printed seed back with ``cache=False``.
         profile_options: go to the backend's ``profile`` (e.g. ``min_time_s``;
             ``rounds`` sets the number of interleaved profiling turns, default
             ``PROFILE_ROUNDS``). Each contender's time is its best turn's median, so load
@@ -231,7 +235,7 @@ def superoptimize(
             raise ConfigError("superoptimize: pass device= or device_spec=, not both")
         device_spec = get_device_spec(str(device))
     t_start = time.perf_counter()
-    run = _start(graph, resolve_backend(backend), check, device_spec, t_start)
+    run = _start(graph, resolve_backend(backend), check, device_spec, check_seed, t_start)
     decision = (
         _decision.decision_path(
             graph, run.be, run.spec_json, run.pinned_json, top_k, config, dict(search_options)
@@ -327,9 +331,23 @@ def _validate(graph: Any, top_k: Any) -> None:
         )
 
 
-def _start(graph: KernelGraph, be: Backend, check: bool, device_spec: Any, t_start: float) -> _Run:
-    """The run's fixed parts and its empty report (an unusable ``device_spec`` raises
-    ConfigError here, before anything is built)."""
+def _start(
+    graph: KernelGraph,
+    be: Backend,
+    check: bool,
+    device_spec: Any,
+    check_seed: int | None,
+    t_start: float,
+) -> _Run:
+    """The run's fixed parts and its empty report (an unusable ``device_spec`` or
+    ``check_seed`` raises ConfigError here, before anything is built)."""
+    if check_seed is not None and (
+        isinstance(check_seed, bool) or not isinstance(check_seed, int) or check_seed < 0
+    ):
+        raise ConfigError(
+            f"superoptimize: check_seed must be a non-negative int (the seed a report "
+            f"prints), got {check_seed!r}"
+        )
     pinned_json, pinned_note = _pinned_spec(device_spec, be)
     spec = be.device_spec()
     report = SuperoptimizeReport(
@@ -339,7 +357,7 @@ def _start(graph: KernelGraph, be: Backend, check: bool, device_spec: Any, t_sta
         device=spec.name,
         toolchain=_toolchain(be),
         tolerance=tolerance_for(graph),
-        check_seed=new_check_seed(),
+        check_seed=new_check_seed() if check_seed is None else check_seed,
     )
     if pinned_note:
         report.notes.append(pinned_note)
