@@ -217,8 +217,14 @@ def test_non_dividing_imap(g: yr.KernelGraph) -> None:
 def test_non_dividing_fmap(g: yr.KernelGraph) -> None:
     x = g.new_input((8, 64))
     tb = yr.new_threadblock_graph((2, 1, 1), (128, 1, 1), 3, 64)
-    _raises(yr.MappingError, "forloop_dim 1", "(32", "not divisible by forloop_range (3)")(
-        lambda: tb.new_input(x, input_map=(1, -1, -1), forloop_dim=1)
+    _raises(
+        yr.MappingError, "forloop_dim 1", "forloop_range (3)", "size 32", "no grid axis splits"
+    )(lambda: tb.new_input(x, input_map=(1, -1, -1), forloop_dim=1))
+    # a dim no grid axis splits may be walked by a masked loop; every iteration owns part
+    tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    wide = yr.new_threadblock_graph((1, 1, 1), (128, 1, 1), 50, 64)
+    _raises(yr.MappingError, "forloop_range (50)", "tiles of 2", "last iteration(s) empty")(
+        lambda: wide.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
     )
     _raises(yr.MappingError, "forloop_dim 2", "[8,64]")(
         lambda: tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=2)

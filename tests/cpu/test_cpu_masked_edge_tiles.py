@@ -1,7 +1,8 @@
 """Masked edge tiles on the CPU printer: plans whose last block owns a partial tile (from the
 search on the pinned H100 spec, which offers them for dims no power-of-two matrix tile
 divides) print with guarded loads (zero past the extent) and stores (nothing past it),
-compile for real and match float64 numpy; a malformed masked field is refused."""
+compile for real and match float64 numpy; a malformed masked field is refused. A masked loop
+(a contraction no loop range divides) is offered on the pinned CPU spec too."""
 
 from __future__ import annotations
 
@@ -93,3 +94,73 @@ def test_a_masked_field_beyond_the_tile_rank_is_refused() -> None:
     out["masked"] = []
     with pytest.raises(PlanError, match="reaches 304 > buffer"):
         parse_plan(plan)  # an unmasked store past the extent stays an error
+
+
+@pytest.mark.parametrize(
+    ("workload", "dims"),
+    [("rmsnorm_linear", (8, 1031, 256)), ("gated_mlp", (8, 1031, 128))],
+    ids=["rms_linear_8x1031x256", "gated_8x1031x128"],
+)
+def test_a_prime_contraction_gets_a_fused_masked_loop_on_the_cpu(
+    build: Any, workload: str, dims: tuple[int, int, int]
+) -> None:
+    """K = 1031 (prime) on the pinned CPU spec: like its divisible neighbour 1024, the graph
+    gets fused candidates, whose loop walks K in tiles of 16, 32 … with a masked last one.
+    The printer runs the iterations before the last on whole tiles in place and the last on
+    a zero-padded copy; every candidate passes the numeric and stress checks, and the fused
+    kernel matches float64 numpy."""
+    from _pinned_spec import REFERENCE_CPU
+
+    b, h, n = dims
+    if workload == "gated_mlp":
+        graph, ref, shapes, config = _gated(b, h, n), _gated_ref, [(b, h), (h, n), (h, n)], "mlp"
+    else:
+        graph, ref, shapes, config = _rms_linear(b, h, n), _rms_ref, [(b, h), (h, n)], None
+    k = graph.superoptimize(
+        backend="cpu",
+        config=config,
+        cache=False,
+        device_spec=REFERENCE_CPU,
+        profile_options={"min_time_s": 0.01, "min_repeats": 3},
+    )
+    rep = k.report
+    assert all(c.status == "ok" for c in rep.candidates), str(rep)
+    fused = [c for c in rep.candidates if c.description.endswith("[1 generated kernel]")]
+    assert fused, str(rep)
+    for c in fused:
+        loop = int(c.description.split("loop=")[1].split(":")[0])
+        assert loop > 1 and h % loop != 0, c.description
+    rng = np.random.default_rng(9)
+    arrays = [
+        (rng.standard_normal(s) / (np.sqrt(s[0]) if i else 1.0)).astype(np.float32)
+        for i, s in enumerate(shapes)
+    ]
+    want = ref(*[a.astype(np.float64) for a in arrays])
+    plan = next(
+        p for p in _masked_loop_plans(graph, config) if sum(1 for k in parse_plan(p).generated) == 1
+    )
+    from yirage_cpu import _codegen
+
+    src = _codegen.generate(plan, simd_width_bits=512)
+    f = parse_plan(plan).generated[0].forloop_range
+    assert f"iter < {f - 1}; ++iter)" in src.code and f"iter = {f - 1}; iter < {f};" in src.code
+    for out in (k(*arrays)[0], build(plan)(*arrays)[0]):
+        err = float(np.linalg.norm(np.asarray(out) - want) / np.linalg.norm(want))
+        assert err < 1e-5, err
+
+
+def _masked_loop_plans(graph: yr.KernelGraph, config: str | None) -> list[dict[str, Any]]:
+    from _pinned_spec import REFERENCE_CPU
+
+    r = yr.search(graph, device_spec=REFERENCE_CPU, config=config, top_k=4, cache=False)
+    plans = [c.kernel_plan().to_dict() for c in r.candidates if not c.baseline]
+    return [
+        p
+        for p in plans
+        if any(
+            any(t.var == "iter" for t in acc.offsets[m.dim])
+            for k in parse_plan(p).generated
+            for _, acc in k.masked_accesses
+            for m in acc.masked
+        )
+    ]

@@ -385,16 +385,21 @@ def rmsnorm_linear(
     warps: int = 4,
 ) -> Case:
     """rms_norm(X[b,h]) @ W[h,n]: matmul and rms accumulated together, divided in the epilogue
-    (the plan of docs/kernel-plan.md's example at its default sizes)."""
+    (the plan of docs/kernel-plan.md's example at its default sizes). Where ``tk`` does not
+    divide ``h`` the loop is masked: its last tile reads zeros past ``h``."""
     pb = PlanBuilder(f"fixture-rmsnorm-linear-{b}x{h}x{n}-{tn}-{tk}-{dtype}")
     x, w = pb.buf([b, h], dtype, "input"), pb.buf([h, n], dtype, "input")
     o = pb.buf([b, n], dtype, "output")
-    k = pb.kernel("rms_mm", [n // tn], h // tk, warps)
+    k = pb.kernel("rms_mm", [n // tn], -(-h // tk), warps)
     tx = k.load(x, [b, tk], d1=[("iter", tk)])
     tw = k.load(w, [tk, tn], d0=[("iter", tk)], d1=[("bx", tn)])
     acc = k.accum(k.matmul(tx, tw))
     rms = k.accum(tx, "rms", eps=eps, extent=h)
     k.store(o, k.binary("div", acc, rms, "epilogue"), d1=[("bx", tn)])
+    if h % tk:
+        ins = pb.raw["kernels"][-1]["inputs"]
+        ins[0]["masked"] = [{"dim": 1, "extent": h}]
+        ins[1]["masked"] = [{"dim": 0, "extent": h}]
 
     def ref(xv: np.ndarray, wv: np.ndarray) -> list[np.ndarray]:
         return [(xv / _rms(xv, eps)) @ wv]
@@ -715,6 +720,7 @@ def small_cases(dtype: str = "float32") -> list[Case]:
     """Every fixture at CI sizes."""
     return [
         rmsnorm_linear(dtype=dtype),
+        rmsnorm_linear(h=203, n=64, tk=32, dtype=dtype),  # a masked loop: 7 tiles of 32 > 203
         gated_mlp(dtype=dtype),
         lora(dtype=dtype),
         gqa_decode(dtype=dtype),

@@ -283,3 +283,60 @@ def test_masked_tiles_with_shifted_partials_are_refused() -> None:
     with pytest.raises(CodegenError, match="masked edge tiles with shifted partials") as e:
         generate_pallas(plan)
     assert "a grid that divides the split dims" in str(e.value)
+
+
+# -- a masked loop ---------------------------------------------------------------------------
+
+
+def _masked_loop_plan(dtype: str) -> tuple[list[Any], np.ndarray, dict[str, Any]]:
+    """RMSNorm + Linear over K = 1031 (prime) as one kernel whose loop walks K in 9 tiles of
+    115 (the last owns 111), lowered by the core; its inputs and a float64 numpy reference."""
+    from yirage import _core
+    from yirage._search import device_spec_json
+    from yirage_tpu import KNOWN_DEVICES
+
+    dt = getattr(yr, dtype)
+    g = yr.new_kernel_graph()
+    x, w = g.new_input((8, 1031), dt), g.new_input((1031, 64), dt)
+    tb = yr.new_threadblock_graph(
+        grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=9, reduction_dimx=64
+    )
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(-1, -1, -1), forloop_dim=0)
+    acc = tb.forloop_accum(tb.matmul(bx, bw))
+    tb.new_output(tb.div(acc, tb.forloop_accum(bx, "rms")), output_map=(-1, -1, -1))
+    (o,) = g.customized([x, w], tb)
+    g.mark_output(o)
+    spec, _ = device_spec_json(KNOWN_DEVICES["TPU v5e"], "tpu")
+    plan = json.loads(_core.kernel_plan(g._g, spec))
+    be = interpret_backend()
+    rng = np.random.default_rng(3)
+    xs = be.from_numpy(
+        [rng.standard_normal(s).astype(np.float32) for s in ((8, 1031), (1031, 64))],
+        [dtype, dtype],
+    )
+    a, b = (np.asarray(v, dtype=np.float64) for v in xs)
+    ref = a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + 1e-6) @ b
+    return xs, ref, plan
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_masked_loop_reads_zero_past_the_contraction_in_both_interpreters(dtype: str) -> None:
+    """The loads the loop walks are masked by the iteration's start (the grid's last axis);
+    without those masks the last tile reads NaN past K in both interpreters."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from yirage_tpu import PallasSource, generate_pallas
+
+    xs, ref, plan = _masked_loop_plan(dtype)
+    assert _masked_inputs(plan) == 2
+    src = generate_pallas(plan)  # no tiling check: tiles of 115 are GPU and CPU tiles
+    assert src.text.count("jnp.where(mk") == 2 and "pl.program_id(3) * 115" in src.text
+    kernel = _load(src)
+    for how in (True, pltpu.InterpretParams()):
+        (out,) = kernel.module.forward(*xs, interpret=how)
+        assert out.shape == ref.shape and rel(out, ref) <= TOL[dtype], (how, rel(out, ref))
+    bare, n = MASKED_LOAD.subn(r"\1", src.text)
+    assert n == 2
+    (out,) = _load(PallasSource(src.plan, bare)).module.forward(*xs, interpret=True)
+    assert rel(out, ref) > TOL[dtype]

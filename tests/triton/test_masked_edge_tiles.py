@@ -144,8 +144,8 @@ def test_masked_candidates_match_float64_in_the_interpreter(
 
 
 def test_a_plan_with_a_masked_tile_the_loop_walks_is_refused() -> None:
-    """The plan reader checks the masked fields: the loop may not walk a masked dim, and
-    the extent is the buffer's."""
+    """The plan reader checks the masked fields: grid blocks and the loop do not both walk
+    a masked dim, and the extent is the buffer's."""
     from yirage.plan import PlanError
 
     plan = _search("gated_mlp", (8, 200, 300)).candidates[0].kernel_plan().to_dict()
@@ -156,5 +156,55 @@ def test_a_plan_with_a_masked_tile_the_loop_walks_is_refused() -> None:
         parse_plan(plan)
     io["masked"][0]["extent"] = 300
     io["offsets"][io["masked"][0]["dim"]].append({"var": "iter", "stride": 1})
-    with pytest.raises(PlanError, match="the loop may not walk a masked dim"):
+    with pytest.raises(PlanError, match="walked by grid blocks or by the loop, not both"):
         parse_plan(plan)
+
+
+def _loop_masked(candidate: Any) -> list[tuple[GeneratedKernel, Any]]:
+    """The masked accesses of ``candidate`` along a dim its for-loop walks."""
+    return [
+        (k, m)
+        for k, _, acc in _masked(candidate)
+        for m in acc.masked
+        if any(t.var == "iter" and t.stride for t in acc.offsets[m.dim])
+    ]
+
+
+@pytest.mark.parametrize(
+    ("workload", "dims"),
+    [("rmsnorm_linear", (8, 1031, 64)), ("gated_mlp", (8, 1031, 64))],
+    ids=["rms_linear_8x1031x64", "gated_8x1031x64"],
+)
+def test_a_prime_contraction_is_walked_by_a_masked_loop_in_the_interpreter(
+    workload: str, dims: tuple[int, int, int]
+) -> None:
+    """K = 1031 (prime): no loop range divides it, so the fused candidates walk it in
+    matrix-sized tiles whose last one is masked (1031 = 8 iterations of 129 less 1, …); the
+    Triton printer masks those loads (zeros past K), the RMSNorm divides by 1031, and the
+    numbers match float64 numpy."""
+    r = yr.search(
+        GRAPHS[workload][0](*dims),
+        device_spec=H100,
+        config="mlp" if workload == "gated_mlp" else None,
+        top_k=6,
+        cache=False,
+    )
+    chosen = [c for c in r.candidates if _loop_masked(c)]
+    assert chosen, [c.label for c in r.candidates]
+    be = _backend()
+    rng = np.random.default_rng(11)
+    b, h, n = dims
+    shapes = [(b, h), (h, n)] if workload == "rmsnorm_linear" else [(b, h), (h, n), (h, n)]
+    arrays = [rng.standard_normal(s) / (np.sqrt(s[0]) if i else 1.0) for i, s in enumerate(shapes)]
+    want = GRAPHS[workload][1](*arrays)
+    for cand in chosen[:2]:
+        for k, m in _loop_masked(cand):
+            assert m.extent == h and h % k.forloop_range != 0
+        src = be.codegen(cand.kernel_plan())
+        assert f"< {h}" in src.code, src.code
+        kernel = be.load(be.compile(src))
+        tensors = be.from_numpy([a.astype(np.float32) for a in arrays], ["float32"] * len(arrays))
+        (out,) = kernel(*tensors)
+        got = out.double().numpy()
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        assert err <= 1e-5, (cand.label, err)

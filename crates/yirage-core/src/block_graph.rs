@@ -20,6 +20,12 @@
 //!   gains only zeros (see [`BlockGraph::masked_axes`]).
 //! * `fmap`: dim further split by `forloop_range` (iteration i reads slice i), or -1 (loaded
 //!   once). With `forloop_range == 1` the split is a no-op and fmap is stored as -1.
+//! * Masked loop: iteration i owns `t = ceil(E / forloop_range)` elements of a walked dim of
+//!   extent `E` (every iteration at least one). When `forloop_range` does not divide `E` the
+//!   loop is *masked* at `E` ([`BlockGraph::loop_extent`]): the last iteration's tile runs
+//!   past the tensor and its elements there read as zero. Every dim the loop walks then has
+//!   extent `E` and is split by no grid axis. A sum over the walked dim gains only zeros; an
+//!   op that maps zero elsewhere (an exp) computes something else, which verification sees.
 //! * `omap[a]`: output dim along which block index a places its tile. Every axis with
 //!   `grid_dim[a] > 1` needs a distinct dim (-1 would make blocks overwrite each other);
 //!   entries of axes with `grid_dim[a] == 1` are stored as -1.
@@ -158,6 +164,10 @@ pub struct BlockGraph {
     split_extent: [Option<usize>; 3],
     /// Per grid axis: whether its grid does not divide `split_extent` (masked edge tiles).
     masked: [bool; 3],
+    /// The per-block extent of the dims the loop walks (first walked input).
+    walk_extent: Option<usize>,
+    /// Whether `forloop_range` does not divide `walk_extent` (a masked loop).
+    loop_masked: bool,
 }
 
 fn axis_name(a: usize) -> char {
@@ -203,7 +213,26 @@ impl BlockGraph {
             outputs: vec![],
             split_extent: [None; 3],
             masked: [false; 3],
+            walk_extent: None,
+            loop_masked: false,
         })
+    }
+
+    /// `Some(E)` when the loop is masked: `forloop_range` does not divide the extent `E` of
+    /// the dims it walks, so the last iteration's tile runs past `E`.
+    pub fn loop_extent(&self) -> Option<usize> {
+        self.walk_extent.filter(|_| self.loop_masked)
+    }
+
+    /// How many elements an `rms` accumulator over a loop-body tile whose last dim has
+    /// `last` elements averages over: `last · forloop_range`, less the masked loop's padding
+    /// when that dim is the walked one.
+    pub fn rms_count(&self, last: usize) -> usize {
+        let f = self.forloop_range as usize;
+        match self.loop_extent() {
+            Some(e) if last == e.div_ceil(f) => e,
+            _ => last * f,
+        }
     }
 
     /// Per grid axis: `Some(E)` when the axis is masked (its grid does not divide the
@@ -298,7 +327,8 @@ impl BlockGraph {
         }
         let mut tile_dims = block_dims.clone();
         if fmap >= 0 {
-            tile_dims[fmap as usize] /= self.forloop_range as usize;
+            let d = fmap as usize;
+            tile_dims[d] = tile_dims[d].div_ceil(self.forloop_range as usize);
         }
         InputGeometry {
             block_dims,
@@ -372,17 +402,13 @@ impl BlockGraph {
             -1
         };
         let geo = self.input_geometry(&kdims, nimap, -1);
-        if nfmap >= 0 {
+        let walk = if nfmap >= 0 {
             let d = nfmap as usize;
-            let f = self.forloop_range as usize;
-            if geo.block_dims[d] % f != 0 {
-                return mapping_err(format!(
-                    "{what}: forloop_dim {d}: the per-block size of that dim ({}, block slice {}) is not divisible by forloop_range ({f})",
-                    geo.block_dims[d],
-                    fmt_dims(&geo.block_dims)
-                ));
-            }
-        }
+            let split = (0..3).any(|a| nimap[a] == nfmap);
+            Some(self.check_walk(&what, d, geo.block_dims[d], split)?)
+        } else {
+            None
+        };
         let tile = self.input_geometry(&kdims, nimap, nfmap).tile_dims;
         let id = self.push(
             &what,
@@ -398,6 +424,10 @@ impl BlockGraph {
         for (a, extent, masked) in splits {
             self.split_extent[a].get_or_insert(extent);
             self.masked[a] |= masked;
+        }
+        if let Some((extent, masked)) = walk {
+            self.walk_extent.get_or_insert(extent);
+            self.loop_masked |= masked;
         }
         self.inputs.push(id);
         Ok(id)
@@ -429,6 +459,39 @@ impl BlockGraph {
             ));
         }
         Ok(masked)
+    }
+
+    /// Check that the loop may walk dim `d` of per-block extent `extent` (`split`: a grid
+    /// axis splits it too): every iteration owns part of it, and a masked loop walks dims of
+    /// one extent that no grid axis splits. Returns (extent, whether this walk is masked).
+    fn check_walk(
+        &self,
+        what: &str,
+        d: usize,
+        extent: usize,
+        split: bool,
+    ) -> Result<(usize, bool)> {
+        let f = self.forloop_range as usize;
+        let t = extent.div_ceil(f);
+        if (f - 1) * t >= extent {
+            return mapping_err(format!(
+                "{what}: forloop_dim {d}: forloop_range ({f}) walks a per-block size of {extent} in tiles of {t}, leaving the last iteration(s) empty; use a forloop_range that divides {extent} or at most {}",
+                extent.div_ceil(t.max(1)).max(1).min(extent)
+            ));
+        }
+        let masked = extent % f != 0;
+        if masked && split {
+            return mapping_err(format!(
+                "{what}: forloop_dim {d}: forloop_range ({f}) does not divide the per-block size {extent} of a dim a grid axis splits; a masked loop walks only dims no grid axis splits"
+            ));
+        }
+        let first = self.walk_extent.unwrap_or(extent);
+        if (masked || self.loop_masked) && first != extent {
+            return mapping_err(format!(
+                "{what}: forloop_dim {d}: forloop_range ({f}) does not divide every dim the loop walks (sizes {first} and {extent}); a masked loop must walk dims of one extent"
+            ));
+        }
+        Ok((extent, masked))
     }
 
     /// Tile matmul (2-D, or batched over equal leading dims).
@@ -781,6 +844,48 @@ mod tests {
         );
         let z = g.new_input(&[8, 6], DType::F16, [-1, -1, -1], -1).unwrap();
         assert!(g.reduction_to_dimx(z, 1).is_err());
+    }
+
+    #[test]
+    fn masked_loop() {
+        let mut g = BlockGraph::new([2, 1, 1], [128, 1, 1], 65, 1).unwrap();
+        let x = g.new_input(&[8, 4099], DType::F32, [0, -1, -1], 1).unwrap();
+        assert_eq!(g.tiles()[x].dims, vec![4, 64]);
+        assert_eq!(g.loop_extent(), Some(4099));
+        assert_eq!(g.rms_count(64), 4099);
+        assert_eq!(g.rms_count(8), 8 * 65);
+        // every walked dim has the masked extent
+        let e = g
+            .new_input(&[4100, 16], DType::F32, [-1; 3], 0)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a masked loop must walk dims of one extent"),
+            "{e}"
+        );
+        g.new_input(&[4099, 16], DType::F32, [-1; 3], 0).unwrap();
+        // a masked loop walks no dim a grid axis splits
+        let mut s = BlockGraph::new([2, 1, 1], [128, 1, 1], 3, 1).unwrap();
+        let e = s
+            .new_input(&[8, 64], DType::F32, [1, -1, -1], 1)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a masked loop walks only dims no grid axis splits"),
+            "{e}"
+        );
+        // every iteration owns part of the walked dim
+        let mut z = BlockGraph::new([1, 1, 1], [128, 1, 1], 50, 1).unwrap();
+        let e = z.new_input(&[8, 64], DType::F32, [-1; 3], 1).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("leaving the last iteration(s) empty"),
+            "{e}"
+        );
+        // a dividing loop stays unmasked
+        let mut d = BlockGraph::new([1, 1, 1], [128, 1, 1], 64, 1).unwrap();
+        d.new_input(&[8, 4096], DType::F32, [-1; 3], 1).unwrap();
+        assert_eq!(d.loop_extent(), None);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! every iteration, update accumulators, run after-loop ops once, place output tiles by
 //! omap/block index. The phase of each op comes from [`crate::phase`] (stored on the tiles
 //! by the builder). Masked edge tiles ([`BlockGraph::masked_axes`]): a tile element past the
-//! tensor's extent reads as zero, and output elements past it are not written. Blocks run in parallel with rayon; each block owns its buffers.
+//! tensor's extent reads as zero, and output elements past it are not written; so does a
+//! masked loop's last tile ([`BlockGraph::loop_extent`]). Blocks run in parallel with rayon; each block owns its buffers.
 //!
 //! A static sign analysis ([`tensor_signs`]) marks the values that are ≥ 0 for every real
 //! input; `sqrt`/`rsqrt` of other values use the domain's sign-unknown square root.
@@ -483,18 +484,12 @@ fn accum_step<D: Domain>(d: &D, kind: AccumKind, x: &Dense<D::V>, dimx: usize) -
     }
 }
 
-/// Final value of an accumulator after all iterations.
-fn accum_finish<D: Domain>(
-    d: &D,
-    kind: AccumKind,
-    acc: Dense<D::V>,
-    last_dim: usize,
-    forloop: usize,
-) -> Dense<D::V> {
+/// Final value of an accumulator after all iterations (`n`: the count an `rms` one
+/// averages over, [`BlockGraph::rms_count`]).
+fn accum_finish<D: Domain>(d: &D, kind: AccumKind, acc: Dense<D::V>, n: usize) -> Dense<D::V> {
     match kind {
         AccumKind::Rms { eps } => {
             let e = d.constant(eps);
-            let n = last_dim * forloop;
             dense::map::<D>(&acc, |v| d.sqrt(d.add(d.div_count(v, n), e)))
         }
         _ => acc,
@@ -605,7 +600,7 @@ fn run_one_block<D: Domain>(
             BlockOpKind::ForloopAccum { x, kind } => {
                 let acc = accs[i].take().ok_or_else(|| internal("accumulator"))?;
                 let last = tiles[*x].dims.last().copied().unwrap_or(1);
-                accum_finish(d, *kind, acc, last, forloop)
+                accum_finish(d, *kind, acc, bg.rms_count(last))
             }
             other => compute_tile(d, other, &vals, signs, dimx)?,
         });
@@ -749,5 +744,58 @@ mod masked_tests {
         let o = g.customized(&[gx, gw], &b).unwrap();
         g.mark_output(o[0]).unwrap();
         assert!(equivalent(&plain, &g, 2, 5).unwrap());
+    }
+
+    /// RMSNorm + Linear of `X[8,k]`, `W[k,24]` as one kernel whose loop of `f` walks K, the
+    /// x tile passed through `pre` first; and the plain graph with the same `pre`.
+    fn rms_linear_pair(k: i64, f: i64, pre: Option<UnaryOp>) -> (KernelGraph, KernelGraph) {
+        let mut plain = KernelGraph::new();
+        let x = plain.new_input(&[8, k], F).unwrap();
+        let w = plain.new_input(&[k, 24], F).unwrap();
+        let x2 = pre.map_or(x, |op| plain.unary(op, x).unwrap());
+        let r = plain.rms_norm(x2, &[k], None, 1e-6).unwrap();
+        let y = plain.matmul(r, w).unwrap();
+        plain.mark_output(y).unwrap();
+        let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], f, 1).unwrap();
+        let bx = b.new_input(&[8, k], F, [-1; 3], 1).unwrap();
+        let bw = b.new_input(&[k, 24], F, [-1; 3], 0).unwrap();
+        let bx = pre.map_or(bx, |op| b.unary(op, bx).unwrap());
+        let m = b.matmul(bx, bw).unwrap();
+        let acc = b.forloop_accum(m, AccumKind::Iter).unwrap();
+        let rms = b.forloop_accum(bx, AccumKind::Rms { eps: 1e-6 }).unwrap();
+        let o = b.binary(BinaryOp::Div, acc, rms).unwrap();
+        b.new_output(o, [-1; 3]).unwrap();
+        let mut g = KernelGraph::new();
+        let gx = g.new_input(&[8, k], F).unwrap();
+        let gw = g.new_input(&[k, 24], F).unwrap();
+        let outs = g.customized(&[gx, gw], &b).unwrap();
+        g.mark_output(outs[0]).unwrap();
+        (plain, g)
+    }
+
+    #[test]
+    fn masked_loop_rms_linear_matches_target() {
+        // K = 67 (prime) walked in 5 tiles of 14, the last owning 11: the padding adds zeros
+        // to the products and the squares, and the rms divides by 67, not 70
+        let (plain, fused) = rms_linear_pair(67, 5, None);
+        let ins = [data(&[8, 67], 4), data(&[67, 24], 5)];
+        let (a, b) = (
+            evaluate(&plain, &ins).unwrap(),
+            evaluate(&fused, &ins).unwrap(),
+        );
+        for (u, v) in a[0].data.iter().zip(&b[0].data) {
+            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
+        }
+        assert!(equivalent(&plain, &fused, 2, 6).unwrap());
+    }
+
+    #[test]
+    fn masked_loop_padding_an_exp_turns_to_ones_disagrees() {
+        // exp(0) = 1 past K: the masked kernel sums 3 extra ones into each row's squares
+        let (plain, fused) = rms_linear_pair(67, 5, Some(UnaryOp::Exp));
+        assert!(!equivalent(&plain, &fused, 2, 7).unwrap());
+        // the same kernel over a dividing loop is exact
+        let (plain, fused) = rms_linear_pair(70, 5, Some(UnaryOp::Exp));
+        assert!(equivalent(&plain, &fused, 2, 7).unwrap());
     }
 }

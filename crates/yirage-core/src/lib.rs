@@ -18,6 +18,7 @@ pub mod field;
 pub mod fingerprint;
 pub mod json;
 pub mod kernel_graph;
+pub mod masked_loop;
 pub mod ops;
 pub mod phase;
 pub mod plan;

@@ -80,6 +80,7 @@ from yirage.plan import (
     CodegenError,
     GeneratedKernel,
     LibraryKernel,
+    MaskedDim,
     OffsetTerm,
     SafeSoftmax,
     TileAccess,
@@ -99,7 +100,7 @@ __all__ = [
 PLAN_FORMAT = FORMAT
 PLAN_VERSION = VERSION
 #: Version of the printer; part of every compile-cache key.
-CODEGEN_VERSION = "11"
+CODEGEN_VERSION = "12"
 
 #: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
 _STACK_LIMIT = 256 * 1024
@@ -199,6 +200,11 @@ def _is_arm() -> bool:
 def _ident(name: str) -> str:
     s = re.sub(r"[^0-9A-Za-z_]", "_", str(name))
     return s if s and not s[0].isdigit() else f"k{s}"
+
+
+def _walked(acc: TileAccess, dim: int) -> bool:
+    """Whether the for-loop walks dim ``dim`` of ``acc``."""
+    return any(t.var == "iter" and t.stride for t in acc.offsets[dim])
 
 
 class _Writer:
@@ -397,6 +403,9 @@ class _KernelPrinter:
         self.private_decls: list[_Decl] = []
         self.grid = kernel.grid
         self.loop_range = kernel.forloop_range
+        #: printing the iterations before a masked loop's last one: the dims the loop walks
+        #: are whole there (see :meth:`_masked_dims`)
+        self.before_last = False
         self._read_analyses()
         self.dot_mm, self.dot_a = self._dot_matmuls(graph_dtype) if bf16_dot else (set(), {})
 
@@ -461,7 +470,7 @@ class _KernelPrinter:
         """C condition that element ``idx`` of a masked edge tile lies inside the buffer
         (``(block offset + i) < extent`` per masked dim), or None for an unmasked tile."""
         conds = []
-        for m in acc.masked:
+        for m in self._masked_dims(acc):
             start = " + ".join(f"(int64_t){t.var} * {t.stride}" for t in acc.offsets[m.dim])
             conds.append(f"({start or '0'} + {idx[m.dim]}) < {m.extent}")
         return " && ".join(conds) if conds else None
@@ -488,8 +497,20 @@ class _KernelPrinter:
 
     def _private(self, oid: int, dims: Sequence[int], prefix: str = "t") -> _Tile:
         name = f"{prefix}{oid}"
-        self.private_decls.append(_Decl(name, _prod(dims)))
+        self._add_decl(_Decl(name, _prod(dims)))
         return _Tile(name, tuple(dims), _row_major(dims), True)
+
+    def _add_decl(self, decl: _Decl) -> None:
+        """Declare a private array once (a masked loop prints its body twice)."""
+        if all(d.name != decl.name for d in self.private_decls):
+            self.private_decls.append(decl)
+
+    def _masked_dims(self, acc: TileAccess) -> tuple[MaskedDim, ...]:
+        """The masked dims of ``acc`` where the code being printed runs: a dim the loop walks
+        is masked in the last iteration only."""
+        if not self.before_last:
+            return acc.masked
+        return tuple(m for m in acc.masked if not _walked(acc, m.dim))
 
     # -- op emitters -----------------------------------------------------------------------
     def _emit_input(self, w: _Writer, oid: int, op: TileOp) -> None:
@@ -504,7 +525,7 @@ class _KernelPrinter:
         if kin.shift_load is not None:
             self._emit_shifted_input(w, oid, kin, buf, off)
             return
-        masked = bool(kin.masked)  # masked edge tiles are staged, zero past the extent
+        masked = bool(self._masked_dims(kin))  # masked edge tiles: staged, zero past the extent
         if self._input_is_view(oid):
             name = f"v{oid}"
             ctype = _DTYPE_C[buf.dtype]
@@ -541,7 +562,7 @@ class _KernelPrinter:
         buf = self.buffers[kin.buffer]
         return (
             kin.shift_load is None
-            and not kin.masked
+            and not self._masked_dims(kin)
             and tuple(kin.tile) == self._dims(oid)
             and (buf.dtype == "float32" or self._only_matmul_b(oid))
         )
@@ -619,7 +640,7 @@ class _KernelPrinter:
         kp = (kk + 1) // 2
         rows = dims[:-1]
         name = f"yr_ap{aid}"
-        self.private_decls.append(_Decl(name, _prod(rows) * kp, "uint32_t", dot=True))
+        self._add_decl(_Decl(name, _prod(rows) * kp, "uint32_t", dot=True))
         w("#if defined(YR_MM_BF16_DOT)")
         with w.block(f"/* op {aid} as bfloat16 pairs along K */"):
             if self.dot_a[aid]:
@@ -1366,9 +1387,21 @@ class _KernelPrinter:
             body("(void)yr_cA;")
         for o in pre:
             self._emit_op(body, o)
-        with body.block(f"for (int iter = 0; iter < {self.loop_range}; ++iter)"):
-            for o in loop:
-                self._emit_op(body, o)
+        f = self.loop_range
+        if f > 1 and any(_walked(i, m.dim) for i in self.k.inputs for m in i.masked):
+            # a masked loop: the iterations before the last read whole tiles in place
+            self.before_last = True
+            with body.block(f"for (int iter = 0; iter < {f - 1}; ++iter)"):
+                for o in loop:
+                    self._emit_op(body, o)
+            self.before_last = False
+            with body.block(f"for (int iter = {f - 1}; iter < {f}; ++iter)"):
+                for o in loop:
+                    self._emit_op(body, o)
+        else:
+            with body.block(f"for (int iter = 0; iter < {f}; ++iter)"):
+                for o in loop:
+                    self._emit_op(body, o)
         for o in accums:
             self._finish_accum(body, o, self.ops[o])
         for o in accums:

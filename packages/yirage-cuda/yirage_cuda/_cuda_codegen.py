@@ -220,7 +220,9 @@ class _CudaKernelPrinter(CFamilyPrinter):
     def storage_zero(self, kind: str) -> str:
         return "0.0f" if kind == "f32" else "(yr_u16)0"  # +0.0 in float16 and bfloat16
 
-    def vector_load(self, acc: TileAccess, slot: Slot, g: str, esize: int) -> list[str] | None:
+    def vector_load(
+        self, acc: TileAccess, slot: Slot, g: str, esize: int, it: str
+    ) -> list[str] | None:
         """16-byte ``uint4`` copies when the tile rows and their offsets are 16-byte aligned.
 
         A masked edge tile guards each copy by its first element: the vector lies in one tile
@@ -235,7 +237,7 @@ class _CudaKernelPrinter(CFamilyPrinter):
         vec = 16 // esize
         dst = f"*reinterpret_cast<uint4*>(&{slot.name}[e])"
         src = f"*reinterpret_cast<const uint4*>(&{g}[base + {self._gidx(acc, 'e')}])"
-        guard = self.edge_guard(acc, "e")
+        guard = self.edge_guard(acc, "e", it)
         copy = (
             [f"{dst} = {src};"]
             if guard is None

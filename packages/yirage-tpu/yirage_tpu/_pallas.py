@@ -153,10 +153,14 @@ def _block_spec(acc: TileAccess, where: str) -> str:
 
 def _edge_mask(acc: TileAccess) -> str:
     """``_in_bounds(shape, (dim, start, extent), ...)``: where the access's block lies inside
-    the buffer along each masked dim (start = the block's first index, from the grid)."""
+    the buffer along each masked dim (start = the block's first index, from the grid; the
+    loop is the grid's last axis, so a masked loop's iteration counts the same way)."""
     edges = []
     for m in acc.masked:
-        starts = [f"pl.program_id({_AXES.index(t.var)}) * {t.stride}" for t in acc.offsets[m.dim]]
+        starts = [
+            f"pl.program_id({_AXES.index('it' if t.var == 'iter' else t.var)}) * {t.stride}"
+            for t in acc.offsets[m.dim]
+        ]
         edges.append(f"({m.dim}, {' + '.join(starts) or '0'}, {m.extent})")
     return f"_in_bounds({_shape(acc.tile)}, {', '.join(edges)})"
 

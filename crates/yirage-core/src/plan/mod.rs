@@ -948,7 +948,7 @@ fn generated_kernel(
                     tile: geo.tile_dims,
                     offsets,
                     shift_load: None,
-                    masked: masked_dims(bg, imap),
+                    masked: masked_dims(bg, imap, *fmap),
                 });
                 o.op = "input".into();
                 o.input = Some(k);
@@ -990,7 +990,7 @@ fn generated_kernel(
                     AccumKind::Rms { eps } => {
                         o.eps = Some(*eps);
                         let last = tiles[*x].dims.last().copied().unwrap_or(1);
-                        o.extent = Some(last * f as usize);
+                        o.extent = Some(bg.rms_count(last));
                     }
                     AccumKind::SumToDimx => o.dimx = Some(bg.reduction_dimx() as usize),
                     _ => {}
@@ -1020,7 +1020,7 @@ fn generated_kernel(
             src: out.tile,
             tile,
             offsets,
-            masked: masked_dims(bg, &out.omap),
+            masked: masked_dims(bg, &out.omap, -1),
         });
     }
     let threads: u32 = bg.block_dim().iter().product();
@@ -1056,8 +1056,8 @@ fn generated_kernel(
 }
 
 /// The dims of a tile placed by `map` (an imap or omap) along masked grid axes, with the
-/// axis' extent.
-fn masked_dims(bg: &BlockGraph, map: &[i32; 3]) -> Vec<MaskedDim> {
+/// axis' extent, and its dim `fmap` walked by a masked loop, with the loop's extent.
+fn masked_dims(bg: &BlockGraph, map: &[i32; 3], fmap: i32) -> Vec<MaskedDim> {
     let mut v: Vec<MaskedDim> = (0..3)
         .filter_map(|a| {
             let extent = bg.masked_axes()[a]?;
@@ -1067,6 +1067,12 @@ fn masked_dims(bg: &BlockGraph, map: &[i32; 3]) -> Vec<MaskedDim> {
             })
         })
         .collect();
+    if let (Some(extent), true) = (bg.loop_extent(), fmap >= 0) {
+        v.push(MaskedDim {
+            dim: fmap as usize,
+            extent,
+        });
+    }
     v.sort_by_key(|m| m.dim);
     v
 }

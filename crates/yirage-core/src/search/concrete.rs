@@ -26,6 +26,7 @@ use super::Run;
 use crate::block_graph::BlockGraph;
 use crate::cost::kernel_cost;
 use crate::dtype::DType;
+use crate::masked_loop::padding_stays_out;
 use crate::ops::{AccumKind, BinaryOp, UnaryOp};
 use crate::plan::{
     block_profile, profile_of, smem_bytes, smem_of, TileDesc, TileKind, INTERMEDIATE_BYTES,
@@ -323,6 +324,37 @@ fn masked_parts(extent: usize, max: usize, min_tile: usize) -> impl Iterator<Ite
         .map(|(_, p)| p)
 }
 
+/// Whether the pattern `m` walked by the masked loop range `f` keeps the loop's zero
+/// padding out of every real value ([`padding_stays_out`]; it depends on which dims the loop
+/// pads, not on the sizes, so one probe with one block answers for every masked range).
+fn masked_loop_is_exact(cx: &Ctx<'_>, m: &Mapping, f: usize, eps: f64) -> bool {
+    let probe = Mapping {
+        grid: [1; 3],
+        f,
+        ..m.clone()
+    };
+    let threads = cx.run.spec.block_threads(cx.run.spec.warp_choices()[0]);
+    build(cx.prog, cx.ins, &probe, threads, eps)
+        .is_ok_and(|bg| bg.loop_extent().is_some() && padding_stays_out(&bg))
+}
+
+/// Loop ranges `f = ceil(extent / t)` for the power-of-two tiles `t` of [`LOOP_TILE`] that
+/// `f` does not divide `extent` by: each iteration walks `ceil(extent / f)` (at most `t`)
+/// and the last one's tile is masked (4099 → 65 iterations of 64, 9 of 456, …), so a
+/// contraction no tile divides (a prime K) is still walked by matrix-sized tiles. Whether
+/// the program tolerates the zeros past `extent` (a sum does, an exp does not) is for
+/// [`masked_loop_is_exact`] and verification to decide.
+fn masked_loop_ranges(extent: usize) -> impl Iterator<Item = usize> {
+    (0..usize::BITS)
+        .map(|i| 1usize << i)
+        .skip_while(|&t| t < LOOP_TILE.0)
+        .take_while(move |&t| t <= LOOP_TILE.1 && t < extent)
+        .map(move |t| extent.div_ceil(t))
+        .filter(move |&f| {
+            f >= 2 && extent % f != 0 && (LOOP_TILE.0..=LOOP_TILE.1).contains(&extent.div_ceil(f))
+        })
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Ty {
     vg: u64,
@@ -338,6 +370,7 @@ impl Ty {
 }
 
 /// Mapping derived from an assignment.
+#[derive(Clone)]
 struct Mapping {
     grid: [usize; 3],
     f: usize,
@@ -710,7 +743,9 @@ fn tile_dims(prog: &BlockProgram, an: &Analysis, asg: &[Assign], f: usize) -> Ve
                             info.extent
                         } else {
                             let a = asg[*c];
-                            info.extent.div_ceil(a.parts) / if a.loopy { f } else { 1 }
+                            info.extent
+                                .div_ceil(a.parts)
+                                .div_ceil(if a.loopy { f } else { 1 })
                         }
                     }
                 })
@@ -896,7 +931,23 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         } else if let Some(&s) = chunk_f.first() {
             vec![s]
         } else {
-            (1..=12).map(|i| 1usize << i).collect()
+            let mut fs: Vec<usize> = (1..=12).map(|i| 1usize << i).collect();
+            let masked: Vec<usize> = pat
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| **k == Kind::Loop)
+                .flat_map(|(c, _)| masked_loop_ranges(an.classes[c].extent))
+                .filter(|f| !fs.contains(f))
+                .collect();
+            if masked
+                .first()
+                .is_some_and(|&f| masked_loop_is_exact(&cx, &m, f, eps))
+            {
+                fs.extend(masked);
+                fs.sort_unstable();
+                fs.dedup();
+            }
+            fs
         };
         for f in fs {
             let mut opts: Vec<Vec<Assign>> = vec![];
@@ -915,6 +966,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                     Kind::Loop => {
                         if info.chunk.is_some()
                             || (info.extent % f == 0 && loop_ok(info.extent / f))
+                            || masked_loop_ranges(info.extent).any(|m| m == f)
                         {
                             vec![Assign {
                                 parts: 1,
@@ -1360,6 +1412,24 @@ mod tests {
         }
         assert_eq!(all, expected);
         assert_eq!(first_patterns(&kinds, 5), expected[..5].to_vec());
+    }
+
+    #[test]
+    fn masked_loop_ranges_walk_a_prime_extent_in_matrix_sized_tiles() {
+        let f: Vec<usize> = masked_loop_ranges(4099).collect();
+        assert_eq!(f, vec![257, 129, 65, 33, 17, 9]);
+        for &f in &f {
+            let t = 4099usize.div_ceil(f);
+            assert!(
+                (16..=512).contains(&t) && (f - 1) * t < 4099 && 4099 % f != 0,
+                "{f}: {t}"
+            );
+        }
+        // a range that divides the extent is no masked range (4000 = 8 · 500)
+        assert!(!masked_loop_ranges(4000).any(|f| 4000 % f == 0));
+        assert_eq!(masked_loop_ranges(4096).count(), 0);
+        // 40: 3 iterations would walk tiles of 14, below the loop tile
+        assert_eq!(masked_loop_ranges(40).count(), 0);
     }
 
     #[test]

@@ -74,7 +74,8 @@ pub const RUNNER_UP_RATIO: f64 = 1.10;
 /// predicted 55, ran 54).
 pub const FEWEST_KERNELS_RATIO: f64 = 1.25;
 
-/// Whether a kernel of `g` has a masked edge tile (a grid that does not divide its dim).
+/// Whether a kernel of `g` has a masked edge tile (a grid that does not divide its dim, or
+/// a masked loop).
 /// The cost model has no measurements of such tiles yet: on the H100, RMSNorm + Linear at
 /// 8×4000×5000 as one masked kernel was predicted 16.2–16.9 µs and ran 22–30, while a
 /// library matmul with a divisible RMSNorm kernel, predicted 18.8, ran 15.6. The first pass
@@ -82,7 +83,9 @@ pub const FEWEST_KERNELS_RATIO: f64 = 1.25;
 /// the device decides.
 fn has_masked_tiles(g: &KernelGraph) -> bool {
     g.ops().iter().any(|op| match &op.kind {
-        KernelOpKind::Customized { graph, .. } => graph.masked_axes().iter().any(Option::is_some),
+        KernelOpKind::Customized { graph, .. } => {
+            graph.masked_axes().iter().any(Option::is_some) || graph.loop_extent().is_some()
+        }
         _ => false,
     })
 }

@@ -275,7 +275,9 @@ class CFamilyPrinter:
             f"shared memory (> {self.smem_limit})"
         )
 
-    def vector_load(self, acc: TileAccess, slot: Slot, g: str, esize: int) -> list[str] | None:
+    def vector_load(
+        self, acc: TileAccess, slot: Slot, g: str, esize: int, it: str
+    ) -> list[str] | None:
         """A vectorised tile load's loop, or None for the element loop. With masked edge
         tiles (``acc.masked``) it must read zeros past the extent (:meth:`edge_guard`) or
         return None."""
@@ -343,16 +345,18 @@ class CFamilyPrinter:
             terms.append(c if s == 1 else f"{c} * {s}")
         return " + ".join(terms) if terms else "0"
 
-    def edge_guard(self, acc: TileAccess, e: str) -> str | None:
+    def edge_guard(self, acc: TileAccess, e: str, it: str = "0") -> str | None:
         """The condition that element ``e`` of tile ``acc`` lies inside the buffer in every
-        masked dim (block start + coordinate < extent), or None for an unmasked tile. Only
-        grid terms offset a masked dim (the plan reader refuses the loop index there)."""
+        masked dim (tile start + coordinate < extent), or None for an unmasked tile. The
+        start is the block's (grid terms) or, for a dim a masked loop walks, iteration
+        ``it``'s."""
         conds = []
         for m in acc.masked:
             starts = [
-                f"{t.var} * {t.stride}" if t.stride != 1 else t.var
+                f"{v} * {t.stride}" if t.stride != 1 else v
                 for t in acc.offsets[m.dim]
                 if t.stride != 0
+                for v in [it if t.var == "iter" else t.var]
             ]
             at = " + ".join([*starts, coord(e, acc.tile, m.dim)])
             conds.append(f"{at} < {m.extent}")
@@ -370,12 +374,12 @@ class CFamilyPrinter:
             f"  const {self.INDEX} base = {self._base(acc, it)};",
         ]
         g = f"g{acc.buffer}"
-        vec = self.vector_load(acc, slot, g, esize)
+        vec = self.vector_load(acc, slot, g, esize, it)
         if vec is not None:
             lines += ["  " + x for x in vec]
         else:
             el = f"{g}[base + {self._gidx(acc, 'e')}]"
-            guard = self.edge_guard(acc, "e")
+            guard = self.edge_guard(acc, "e", it)
             if guard is not None:  # zero past the extent of a masked edge tile
                 el = f"({guard}) ? {el} : {self.storage_zero(slot.kind)}"
             body = [f"{slot.name}[e] = {el};"]

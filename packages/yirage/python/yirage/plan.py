@@ -388,15 +388,15 @@ def _check_access(
 
 
 def _check_masked(m: MaskedDim, terms: Sequence[OffsetTerm], last: int, n: int, where: str) -> None:
-    """A masked dim: the buffer's extent, walked by grid blocks only, the last block
-    starting inside it."""
+    """A masked dim: the buffer's extent, walked by grid blocks or by the loop (not both),
+    the last tile starting inside it."""
     w = f"{where} masked dim {m.dim}"
     if m.extent != n:
         raise _err(w, f"extent {m.extent} is not the buffer's dim {n}")
-    if any(term.var == "iter" for term in terms):
-        raise _err(w, "the loop may not walk a masked dim")
+    if len({term.var == "iter" for term in terms if term.stride}) > 1:
+        raise _err(w, "a masked dim is walked by grid blocks or by the loop, not both")
     if last >= n:
-        raise _err(w, f"the last block starts at {last}, past the extent {n}")
+        raise _err(w, f"the last tile starts at {last}, past the extent {n}")
 
 
 def _masked(raw: Any, rank: int, where: str) -> tuple[MaskedDim, ...]:
