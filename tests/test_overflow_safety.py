@@ -160,7 +160,7 @@ def test_stress_error_compares_the_finite_pattern_in_the_output_dtype() -> None:
     err, why = _stress.stress_error([nan], [ref], ["float16"])
     assert err == np.inf and why is not None and "NaN/Inf" in why
     finite = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
-    err, why = _stress.stress_error([finite], [ref], ["float16"])
+    _, why = _stress.stress_error([finite], [ref], ["float16"])
     assert why is not None and "overflows float16" in why
 
 
@@ -366,6 +366,35 @@ def test_an_element_float32_cannot_resolve_is_checked_for_finiteness_only() -> N
     assert _stress.stress_error([nan], [ref], ["float16"], exempt=[exempt])[1] is not None
     wrong = np.array([[0.5, 3.0]])
     assert _stress.stress_error([wrong], [ref], ["float16"], exempt=[exempt])[0] > tol
+
+
+def test_an_exempt_element_may_stay_finite_where_the_reference_overflows() -> None:
+    """Element (0, 0) is 65504² + 80000 - 65504²: 80000 overflows float16, but float32 cannot
+    resolve it next to 4.3e9, so a kernel may sum it to a finite value (an order the library
+    did not take): not a defect. Element (0, 1) = 40000 is well conditioned: a kernel that
+    returned a finite value where it overflowed would still be refused."""
+    g = yr.new_kernel_graph()
+    x = g.new_input((1, 3), yr.float16)
+    w = g.new_input((3, 2), yr.float16)
+    g.mark_output(g.matmul(x, w))
+    xs = np.array([[65504.0, 40000.0, -65504.0]], dtype=np.float32)
+    ws = np.array([[65504.0, 0.0], [2.0, 1.0], [65504.0, 0.0]], dtype=np.float32)
+
+    def reference(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return g.evaluate([a.astype(np.float64) for a in arrays])
+
+    (ref,) = reference([xs, ws])
+    assert ref.tolist() == [[80000.0, 40000.0]]
+    tol = _stress.stress_tolerance("float16")
+    moved = _stress._perturbed(reference, [xs, ws])(_stress.rounding_bound(g, "float16"), 1)
+    exempt = _stress.ill_conditioned(ref, [moved[0]], tol)
+    assert exempt.tolist() == [[True, False]]
+    finite = np.array([[60000.0, 40000.0]])
+    _, why = _stress.stress_error([finite], [ref], ["float16"])
+    assert why is not None and "finite where the float64 reference overflows" in why
+    assert _stress.stress_error([finite], [ref], ["float16"], exempt=[exempt]) == (0.0, None)
+    nothing = [np.zeros_like(exempt)]
+    assert _stress.stress_error([finite], [ref], ["float16"], exempt=nothing)[1] is not None
 
 
 def test_the_stress_check_exempts_cancellation_and_says_so() -> None:

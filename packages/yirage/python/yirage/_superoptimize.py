@@ -672,7 +672,7 @@ def _stress_check(
         try:
             outputs = entry[4](*tensors)
             err, why = _stress.stress_error(outputs, reference, dtypes, edge=tol, rounded=rounded)
-            if why is None and not err <= tol and stress.perturbed is not None:
+            if (why is not None or not err <= tol) and stress.perturbed is not None:
                 if exempt is None:  # once per set, and only when a contender needs it
                     exempt_host = _exempt(graph, stress, tol)
                     exempt = _compare_torch.to_device(exempt_host, tensors)

@@ -145,9 +145,9 @@ class ShiftLoad:
 
 @dataclass(frozen=True)
 class MaskedDim:
-    """A tile dim of a masked edge tile: the grid does not divide the buffer's ``extent``
-    along it, so the last block's tile runs past it; loads read zeros there and stores skip
-    it."""
+    """A tile dim of a masked edge tile: the grid (or, for an input, the loop) does not
+    divide the buffer's ``extent`` along it, so the last block's (iteration's) tile runs past
+    it; loads read zeros there and stores skip it."""
 
     dim: int
     extent: int
