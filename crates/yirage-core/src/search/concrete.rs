@@ -338,9 +338,9 @@ fn masked_loop_is_exact(cx: &Ctx<'_>, m: &Mapping, f: usize, eps: f64) -> bool {
         .is_ok_and(|bg| bg.loop_extent().is_some() && padding_stays_out(&bg))
 }
 
-/// Loop ranges `f = ceil(extent / t)` for the power-of-two tiles `t` of [`LOOP_TILE`] that
-/// `f` does not divide `extent` by: each iteration walks `ceil(extent / f)` (at most `t`)
-/// and the last one's tile is masked (4099 → 65 iterations of 64, 9 of 456, …), so a
+/// Loop ranges `f = ceil(extent / t)`, `t` a power-of-two tile of [`LOOP_TILE`], that do not
+/// divide `extent`: each iteration walks `ceil(extent / f)` (at most `t`) elements and the
+/// last one's tile is masked (4099 → 65 iterations of 64, 9 of 456, …), so a
 /// contraction no tile divides (a prime K) is still walked by matrix-sized tiles. Whether
 /// the program tolerates the zeros past `extent` (a sum does, an exp does not) is for
 /// [`masked_loop_is_exact`] and verification to decide.
@@ -926,24 +926,27 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         };
         let pi = mappings.len();
         // Sizes: the loop range, then grid parts class by class.
+        // Masked loop ranges of the walked classes, offered only where the padding stays out.
+        let masked: Vec<usize> = if any_loop && chunk_f.is_empty() {
+            pat.iter()
+                .enumerate()
+                .filter(|(_, k)| **k == Kind::Loop)
+                .flat_map(|(c, _)| masked_loop_ranges(an.classes[c].extent))
+                .collect()
+        } else {
+            vec![]
+        };
+        let masked_ok = masked
+            .first()
+            .is_some_and(|&f| masked_loop_is_exact(&cx, &m, f, eps));
         let fs: Vec<usize> = if !any_loop {
             vec![1]
         } else if let Some(&s) = chunk_f.first() {
             vec![s]
         } else {
             let mut fs: Vec<usize> = (1..=12).map(|i| 1usize << i).collect();
-            let masked: Vec<usize> = pat
-                .iter()
-                .enumerate()
-                .filter(|(_, k)| **k == Kind::Loop)
-                .flat_map(|(c, _)| masked_loop_ranges(an.classes[c].extent))
-                .filter(|f| !fs.contains(f))
-                .collect();
-            if masked
-                .first()
-                .is_some_and(|&f| masked_loop_is_exact(&cx, &m, f, eps))
-            {
-                fs.extend(masked);
+            if masked_ok {
+                fs.extend(&masked);
                 fs.sort_unstable();
                 fs.dedup();
             }
@@ -966,7 +969,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                     Kind::Loop => {
                         if info.chunk.is_some()
                             || (info.extent % f == 0 && loop_ok(info.extent / f))
-                            || masked_loop_ranges(info.extent).any(|m| m == f)
+                            || (masked_ok && masked_loop_ranges(info.extent).any(|m| m == f))
                         {
                             vec![Assign {
                                 parts: 1,

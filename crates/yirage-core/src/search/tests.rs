@@ -768,3 +768,42 @@ fn a_state_limit_keeps_the_graphs_of_finished_depths() {
     let best = cut.candidates.iter().find(|c| !c.baseline).expect("fused");
     check_numerics(&target, &best.graph);
 }
+
+#[test]
+fn a_prime_contraction_is_walked_by_a_masked_loop_where_zeros_stay_out() {
+    // K = 4099: no loop range divides it; the fused RMSNorm + Linear walks it with a masked
+    // loop (the neighbour 4096 is fused with a dividing one) and computes the target
+    let target = rmsnorm_linear(8, 4099, 4096);
+    let r = run(
+        &target,
+        &DeviceSpec::h100(),
+        &SearchConfig { top_k: 4, ..cfg() },
+    );
+    let fused = r
+        .candidates
+        .iter()
+        .find(|c| {
+            let bgs = customized(&c.graph);
+            bgs.len() == 1 && bgs[0].loop_extent() == Some(4099)
+        })
+        .expect("a fused candidate with a masked loop");
+    check_numerics(&target, &fused.graph);
+    // attention over a prime kv: exp(0) = 1 past the extent would enter the sums, so no
+    // candidate's loop is masked there
+    let target = attention(2, 16, 64, 1031);
+    let r = run(
+        &target,
+        &DeviceSpec::h100(),
+        &SearchConfig { top_k: 8, ..cfg() },
+    );
+    assert!(!r.candidates.is_empty());
+    for c in &r.candidates {
+        assert!(
+            customized(&c.graph)
+                .iter()
+                .all(|bg| bg.loop_extent().is_none()),
+            "{}",
+            c.label
+        );
+    }
+}
