@@ -325,22 +325,28 @@ def test_a_value_at_the_dtypes_edge_may_round_to_its_infinity() -> None:
     assert _stress.stress_error([got], [far], ["float16"], edge=1e-2)[1] is not None
 
 
-def _cancelling_stress() -> tuple[yr.KernelGraph, _stress.StressSet]:
-    """X @ W whose element (0, 0) is 65504² + 0.5 - 65504² = 0.5 exactly (no float32 sum keeps
-    the 0.5 next to 4.3e9) and whose element (0, 1) is 2: well conditioned."""
+def _matmul_stress(
+    xs: list[list[float]], ws: list[list[float]]
+) -> tuple[yr.KernelGraph, _stress.StressSet]:
+    """A float16 X[1,3] @ W[3,2] and the stress set of the given values."""
     g = yr.new_kernel_graph()
     x = g.new_input((1, 3), yr.float16)
     w = g.new_input((3, 2), yr.float16)
     g.mark_output(g.matmul(x, w))
-    xs = np.array([[65504.0, 1.0, -65504.0]], dtype=np.float32)
-    ws = np.array([[65504.0, 0.0], [0.5, 2.0], [65504.0, 0.0]], dtype=np.float32)
+    arrays = [np.array(xs, dtype=np.float32), np.array(ws, dtype=np.float32)]
 
     def reference(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return g.evaluate([a.astype(np.float64) for a in arrays])
 
     return g, _stress.StressSet(
-        "a cancelling set", [xs, ws], reference([xs, ws]), _stress._perturbed(reference, [xs, ws])
+        "a cancelling set", arrays, reference(arrays), _stress._perturbed(reference, arrays)
     )
+
+
+def _cancelling_stress() -> tuple[yr.KernelGraph, _stress.StressSet]:
+    """X @ W whose element (0, 0) is 65504² + 0.5 - 65504² = 0.5 exactly (no float32 sum keeps
+    the 0.5 next to 4.3e9) and whose element (0, 1) is 2: well conditioned."""
+    return _matmul_stress([[65504.0, 1.0, -65504.0]], [[65504.0, 0.0], [0.5, 2.0], [65504.0, 0.0]])
 
 
 def test_an_element_float32_cannot_resolve_is_checked_for_finiteness_only() -> None:
@@ -373,20 +379,14 @@ def test_an_exempt_element_may_stay_finite_where_the_reference_overflows() -> No
     resolve it next to 4.3e9, so a kernel may sum it to a finite value (an order the library
     did not take): not a defect. Element (0, 1) = 40000 is well conditioned: a kernel that
     returned a finite value where it overflowed would still be refused."""
-    g = yr.new_kernel_graph()
-    x = g.new_input((1, 3), yr.float16)
-    w = g.new_input((3, 2), yr.float16)
-    g.mark_output(g.matmul(x, w))
-    xs = np.array([[65504.0, 40000.0, -65504.0]], dtype=np.float32)
-    ws = np.array([[65504.0, 0.0], [2.0, 1.0], [65504.0, 0.0]], dtype=np.float32)
-
-    def reference(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return g.evaluate([a.astype(np.float64) for a in arrays])
-
-    (ref,) = reference([xs, ws])
+    g, stress = _matmul_stress(
+        [[65504.0, 40000.0, -65504.0]], [[65504.0, 0.0], [2.0, 1.0], [65504.0, 0.0]]
+    )
+    (ref,) = stress.reference
     assert ref.tolist() == [[80000.0, 40000.0]]
     tol = _stress.stress_tolerance("float16")
-    moved = _stress._perturbed(reference, [xs, ws])(_stress.rounding_bound(g, "float16"), 1)
+    assert stress.perturbed is not None
+    moved = stress.perturbed(_stress.rounding_bound(g, "float16"), 1)
     exempt = _stress.ill_conditioned(ref, [moved[0]], tol)
     assert exempt.tolist() == [[True, False]]
     finite = np.array([[60000.0, 40000.0]])

@@ -42,16 +42,44 @@ def _rms_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return (x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + EPS)) @ w
 
 
-def _masked_plans(graph: yr.KernelGraph, config: str | None) -> list[dict[str, Any]]:
-    r = yr.search(graph, device_spec=H100, config=config, top_k=4, cache=False)
+def _walked(acc: Any, dim: int) -> bool:
+    return any(t.var == "iter" for t in acc.offsets[dim])
+
+
+def _masked_plans(
+    graph: yr.KernelGraph, config: str | None, spec: Any = H100, loop: bool = False
+) -> list[dict[str, Any]]:
+    """The plans of the search's candidates with masked tiles (``loop``: masked by the loop)."""
+    r = yr.search(graph, device_spec=spec, config=config, top_k=4, cache=False)
     plans = []
     for c in r.candidates:
         if c.baseline:
             continue
         plan: dict[str, Any] = c.kernel_plan().to_dict()
-        if any(k.masked_accesses for k in parse_plan(plan).generated):
+        accesses = [acc for k in parse_plan(plan).generated for _, acc in k.masked_accesses]
+        if any(not loop or any(_walked(a, m.dim) for m in a.masked) for a in accesses):
             plans.append(plan)
     return plans
+
+
+def _case(workload: str, dims: tuple[int, int, int]) -> tuple[Any, Any, Any, str | None]:
+    """(graph, float64 reference, input shapes, search config) of ``workload`` at ``dims``."""
+    b, h, n = dims
+    if workload == "gated_mlp":
+        return _gated(b, h, n), _gated_ref, [(b, h), (h, n), (h, n)], "mlp"
+    return _rms_linear(b, h, n), _rms_ref, [(b, h), (h, n)], None
+
+
+def _arrays(shapes: list[tuple[int, int]], seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.standard_normal(s) / (np.sqrt(s[0]) if i else 1.0)).astype(np.float32)
+        for i, s in enumerate(shapes)
+    ]
+
+
+def _rel(out: Any, want: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(out) - want) / np.linalg.norm(want))
 
 
 @pytest.mark.parametrize(
@@ -64,24 +92,15 @@ def _masked_plans(graph: yr.KernelGraph, config: str | None) -> list[dict[str, A
 def test_masked_plans_compile_and_match_float64(
     build: Any, workload: str, dims: tuple[int, int, int]
 ) -> None:
-    b, h, n = dims
-    if workload == "gated_mlp":
-        graph, ref, shapes, config = _gated(b, h, n), _gated_ref, [(b, h), (h, n), (h, n)], "mlp"
-    else:
-        graph, ref, shapes, config = _rms_linear(b, h, n), _rms_ref, [(b, h), (h, n)], None
+    graph, ref, shapes, config = _case(workload, dims)
     plans = _masked_plans(graph, config)
     assert plans, "the search offers no masked candidate"
-    rng = np.random.default_rng(5)
-    arrays = [
-        (rng.standard_normal(s) / (np.sqrt(s[0]) if i else 1.0)).astype(np.float32)
-        for i, s in enumerate(shapes)
-    ]
+    arrays = _arrays(shapes, 5)
     want = ref(*[a.astype(np.float64) for a in arrays])
     for plan in plans[:2]:
         (out,) = build(plan)(*arrays)
         assert out.shape == want.shape
-        err = float(np.linalg.norm(out - want) / np.linalg.norm(want))
-        assert err < 1e-5, err
+        assert _rel(out, want) < 1e-5
 
 
 def test_a_masked_field_beyond_the_tile_rank_is_refused() -> None:
@@ -111,11 +130,9 @@ def test_a_prime_contraction_gets_a_fused_masked_loop_on_the_cpu(
     kernel matches float64 numpy."""
     from _pinned_spec import REFERENCE_CPU
 
-    b, h, n = dims
-    if workload == "gated_mlp":
-        graph, ref, shapes, config = _gated(b, h, n), _gated_ref, [(b, h), (h, n), (h, n)], "mlp"
-    else:
-        graph, ref, shapes, config = _rms_linear(b, h, n), _rms_ref, [(b, h), (h, n)], None
+    from yirage_cpu import _codegen
+
+    graph, ref, shapes, config = _case(workload, dims)
     k = graph.superoptimize(
         backend="cpu",
         config=config,
@@ -127,40 +144,16 @@ def test_a_prime_contraction_gets_a_fused_masked_loop_on_the_cpu(
     assert all(c.status == "ok" for c in rep.candidates), str(rep)
     fused = [c for c in rep.candidates if c.description.endswith("[1 generated kernel]")]
     assert fused, str(rep)
+    h = dims[1]
     for c in fused:
         loop = int(c.description.split("loop=")[1].split(":")[0])
         assert loop > 1 and h % loop != 0, c.description
-    rng = np.random.default_rng(9)
-    arrays = [
-        (rng.standard_normal(s) / (np.sqrt(s[0]) if i else 1.0)).astype(np.float32)
-        for i, s in enumerate(shapes)
-    ]
+    arrays = _arrays(shapes, 9)
     want = ref(*[a.astype(np.float64) for a in arrays])
-    plan = next(
-        p for p in _masked_loop_plans(graph, config) if sum(1 for k in parse_plan(p).generated) == 1
-    )
-    from yirage_cpu import _codegen
-
+    plans = _masked_plans(graph, config, REFERENCE_CPU, loop=True)
+    plan = next(p for p in plans if len(parse_plan(p).generated) == 1)
     src = _codegen.generate(plan, simd_width_bits=512)
     f = parse_plan(plan).generated[0].forloop_range
     assert f"iter < {f - 1}; ++iter)" in src.code and f"iter = {f - 1}; iter < {f};" in src.code
     for out in (k(*arrays)[0], build(plan)(*arrays)[0]):
-        err = float(np.linalg.norm(np.asarray(out) - want) / np.linalg.norm(want))
-        assert err < 1e-5, err
-
-
-def _masked_loop_plans(graph: yr.KernelGraph, config: str | None) -> list[dict[str, Any]]:
-    from _pinned_spec import REFERENCE_CPU
-
-    r = yr.search(graph, device_spec=REFERENCE_CPU, config=config, top_k=4, cache=False)
-    plans = [c.kernel_plan().to_dict() for c in r.candidates if not c.baseline]
-    return [
-        p
-        for p in plans
-        if any(
-            any(t.var == "iter" for t in acc.offsets[m.dim])
-            for k in parse_plan(p).generated
-            for _, acc in k.masked_accesses
-            for m in acc.masked
-        )
-    ]
+        assert _rel(out, want) < 1e-5

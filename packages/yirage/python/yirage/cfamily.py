@@ -352,12 +352,12 @@ class CFamilyPrinter:
         ``it``'s."""
         conds = []
         for m in acc.masked:
-            starts = [
-                f"{v} * {t.stride}" if t.stride != 1 else v
-                for t in acc.offsets[m.dim]
-                if t.stride != 0
-                for v in [it if t.var == "iter" else t.var]
-            ]
+            starts = []
+            for t in acc.offsets[m.dim]:
+                if t.stride == 0:
+                    continue
+                var = it if t.var == "iter" else t.var
+                starts.append(f"{var} * {t.stride}" if t.stride != 1 else var)
             at = " + ".join([*starts, coord(e, acc.tile, m.dim)])
             conds.append(f"{at} < {m.extent}")
         if not conds:
