@@ -41,7 +41,7 @@ wall = time.perf_counter() - t
 r = k.report
 print(json.dumps({"wall_s": wall, "search_s": r.search_s, "compile_s": r.codegen_compile_s,
     "check_s": r.check_s, "profile_s": r.profile_s, "chosen": r.chosen_description,
-    "measured_us": r.measured_us, "profiled_on": r.profiled_on}))
+    "measured_us": r.measured_us, "profiled_on": r.profiled_on, "notes": r.notes}))
 """
 
 CASES = (

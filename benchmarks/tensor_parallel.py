@@ -85,6 +85,27 @@ def timed(fn: Callable[[], Any], steps: int) -> float:
     return start.elapsed_time(end) * 1000.0 / steps
 
 
+def host_profile(cases: dict[str, Callable[[], Any]], steps: int) -> str:
+    """cProfile of ``steps`` plain steps of yirage and of torch (every rank profiles, so the
+    ranks stay in step), the functions with the most own time first."""
+    import cProfile
+    import io
+    import pstats
+
+    out = io.StringIO()
+    for name in ("yirage", "torch"):
+        prof = cProfile.Profile()
+        dist.barrier()
+        prof.enable()
+        for _ in range(steps):
+            cases[name]()
+        torch.cuda.synchronize()
+        prof.disable()
+        out.write(f"## {name}: {steps} steps\n")
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+    return out.getvalue()
+
+
 def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` captured into a CUDA graph (warmed up on a side stream first)."""
     side = torch.cuda.Stream()
@@ -110,6 +131,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", type=Path, default=Path("results/tensor-parallel"))
+    ap.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="also write host_profile.txt: cProfile of rank 0's plain yirage and torch steps",
+    )
     args = ap.parse_args()
 
     dist.init_process_group("nccl")
@@ -167,6 +193,8 @@ def main() -> None:
         "median_us": {name: statistics.median(s) for name, s in samples.items()},
         "samples_us": samples,
     }
+    if args.host_profile:
+        result["host_profile"] = host_profile(cases, args.steps)
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, result)
     if rank == 0:
@@ -174,6 +202,8 @@ def main() -> None:
         (args.out / "results.json").write_text(json.dumps(everyone, indent=1), encoding="utf-8")
         (args.out / "results.md").write_text(_table(everyone), encoding="utf-8")
         print(_table(everyone), flush=True)
+        if args.host_profile:
+            (args.out / "host_profile.txt").write_text(result["host_profile"], encoding="utf-8")
     cases.clear()  # a live graph holding NCCL work makes destroy_process_group wait
     captured.release()
     gc.collect()

@@ -374,6 +374,12 @@ def _dist_worker(rank: int, world_size: int, init: str, kernel_dir: str, out_dir
         mine = [a[rank] for a in ins]
         (out,) = k(*mine)
         np.save(Path(out_dir) / f"out{rank}.npy", out)
+        # a torch tensor is summed by the process group directly (no per-call checks)
+        import torch
+
+        assert _collectives._torch_distributed(world_size)._direct is not None
+        summed = _collectives.all_reduce(torch.full((3,), rank + 1.0), world_size)
+        np.save(Path(out_dir) / f"sum{rank}.npy", summed.numpy())
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -396,6 +402,7 @@ def test_torch_distributed_gloo_two_processes(rng: np.random.Generator, tmp_path
         out = np.load(tmp_path / f"out{r}.npy")
         assert out.shape == (8, 128)
         assert _rel(out, ref[r]) < 1e-4
+        np.testing.assert_array_equal(np.load(tmp_path / f"sum{r}.npy"), np.full(3, 3.0))
 
 
 def _interpreted_plan(g: yr.KernelGraph) -> tuple[Any, dict[str, Any]]:

@@ -150,8 +150,12 @@ def _call_key(tensors: Sequence[Any]) -> tuple[Any, ...] | None:
         key.append((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device))
     if not key:
         return None
-    api = getattr(torch, key[0][4].type)
-    key.append(api.current_stream(key[0][4]).cuda_stream)
+    device = key[0][4]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None) if device.type == "cuda" else None
+    if raw is not None and device.index is not None:
+        key.append(raw(device.index))  # the stream's handle, without a Stream object
+    else:
+        key.append(getattr(torch, device.type).current_stream(device).cuda_stream)
     return tuple(key)
 
 

@@ -133,6 +133,34 @@ def _torch_distributed(world_size: int) -> TorchDistributed:
     return made
 
 
+def _direct_all_reduce(dist: Any) -> Callable[[Any], None] | None:
+    """A blocking sum over the default group that calls the process group itself, as
+    ``dist.all_reduce(t)`` does once its per-call checks are done (the group and options are
+    looked up once: a kernel call's all_reduce is on the host path of every step); None when
+    this torch lacks the pieces (``dist.all_reduce`` is used then)."""
+    c10d = getattr(dist, "distributed_c10d", None)
+    options = getattr(dist, "AllreduceOptions", None)
+    default_group = getattr(c10d, "_get_default_group", None)
+    if options is None or default_group is None:
+        return None
+    group = default_group()
+    opts = options()
+    opts.reduceOp = dist.ReduceOp.SUM
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
+    coalescing = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", {})
+
+    def run(t: Any) -> None:
+        if group in coalescing:  # inside the caller's coalescing block: its bookkeeping
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            return
+        work = group.allreduce([t], opts)
+        if work is not None:
+            work.wait()
+
+    return run
+
+
 class TorchDistributed:
     """``torch.distributed``'s default process group (gloo for CPU tensors, NCCL for CUDA)."""
 
@@ -159,6 +187,7 @@ class TorchDistributed:
         self._dist = dist
         self.world_size = world_size
         self.rank = int(dist.get_rank())
+        self._direct = _direct_all_reduce(dist)
 
     def all_reduce(self, x: Any) -> Any:
         import torch
@@ -170,7 +199,10 @@ class TorchDistributed:
         else:
             arr, t = None, x
         try:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            if self._direct is not None and type(t) is torch.Tensor and not t.is_complex():
+                self._direct(t)
+            else:
+                dist.all_reduce(t, op=dist.ReduceOp.SUM)
         except RuntimeError as exc:
             raise BackendError(
                 f"torch.distributed all_reduce of a {t.device.type} tensor failed ({exc}); the "

@@ -51,6 +51,7 @@ class ShareResult:
     failed: dict[Key, str] = field(default_factory=dict)
     build_errors: dict[int, str] = field(default_factory=dict)
     build_s: float = 0.0
+    precompile_s: float = 0.0
     profile_s: float = 0.0
 
 
@@ -83,12 +84,14 @@ def _run_share(
                 contenders += fut.result()[0]
             except Exception as exc:
                 out.build_errors[index] = f"{type(exc).__name__}: {exc}"
+    out.build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     tensors = check_tensors(be, graph, shapes, seed)
     inputs = tensors if shapes.world_size == 1 else tensors[0]
     if contenders and shapes.world_size == 1:
         with contextlib.suppress(Exception):  # an optimisation: the first runs compile the rest
             be.precompile([c.launcher for c in contenders], inputs)
-    out.build_s = time.perf_counter() - t0
+    out.precompile_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     result = _race.race(
@@ -304,9 +307,11 @@ def describe(results: Sequence[ShareResult]) -> str:
     """The report's note on where the candidates were built and profiled."""
     devices = [r.device for r in results]
     build = max((r.build_s for r in results), default=0.0)
+    pre = max((r.precompile_s for r in results), default=0.0)
     prof = max((r.profile_s for r in results), default=0.0)
     return (
         f"compiled and profiled in {len(results)} worker processes, one per device "
-        f"({', '.join(devices)}): {build:.2f} s building and {prof:.2f} s profiling at most per "
-        "worker; the finalists were checked and raced again on this process's device"
+        f"({', '.join(devices)}): {build:.2f} s building, {pre:.2f} s drawing inputs and "
+        f"precompiling and {prof:.2f} s profiling at most per worker; the finalists were "
+        "checked and raced again on this process's device"
     )

@@ -3,11 +3,11 @@ reference, optional expert kernel, and shape presets.
 
 Presets: ``"gpu"`` is the full size in float16, ``"cpu"`` the reduced CPU size in
 float32, ``"model"`` / ``"model_bf16"`` model sizes (hidden 4096, GQA decode at kv 8192) in
-float32 / bfloat16 for CPUs, ``"model_ragged"`` a prime hidden size (4099) no loop tile
-divides; some workloads have further named presets (e.g. ``"gpu_b1"``, ``"paper"``). The
-graph builder and the reference function take the same tensors in the same layout, so a
-benchmark can feed one set of inputs to yirage, to the reference (PyTorch eager or
-``torch.compile``) and to the expert kernel.
+float32 / bfloat16 for CPUs, ``"model_ragged"`` (CPU) and ``"ragged_prime"`` (GPU) a prime
+hidden size (4099) no loop tile divides; some workloads have further named presets (e.g.
+``"gpu_b1"``, ``"paper"``). The graph builder and the reference function take the same
+tensors in the same layout, so a benchmark can feed one set of inputs to yirage, to the
+reference (PyTorch eager or ``torch.compile``) and to the expert kernel.
 
 Attention layout: the µGraph IR has no transpose, so GQA decode is expressed per KV head with
 the query heads that share it as rows: ``Q[b·kvh, g, d]`` (g = query heads per KV head),
@@ -348,6 +348,7 @@ WORKLOADS: dict[str, Workload] = {
                 "prefill_1024": {"b": 1024, "h": 4096, "n": 4096, "dtype": float16},
                 "prefill_4096": {"b": 4096, "h": 4096, "n": 4096, "dtype": float16},
                 "ragged": {"b": 8, "h": 4000, "n": 5000, "dtype": float16},
+                "ragged_prime": {"b": 8, "h": 4099, "n": 4096, "dtype": float16},
                 "model": {"b": 8, "h": 4096, "n": 6144, "dtype": float32},
                 "model_bf16": {"b": 8, "h": 4096, "n": 6144, "dtype": bfloat16},
                 "model_ragged": {"b": 8, "h": 4099, "n": 6144, "dtype": float32},
@@ -392,6 +393,7 @@ WORKLOADS: dict[str, Workload] = {
                 "prefill_1024": {"b": 1024, "h": 4096, "n": 4096, "dtype": float16},
                 "prefill_4096": {"b": 4096, "h": 4096, "n": 4096, "dtype": float16},
                 "ragged": {"b": 8, "h": 4000, "n": 5000, "dtype": float16},
+                "ragged_prime": {"b": 8, "h": 4099, "n": 4096, "dtype": float16},
                 "model": {"b": 8, "h": 4096, "n": 11008, "dtype": float32},
                 "model_bf16": {"b": 8, "h": 4096, "n": 11008, "dtype": bfloat16},
                 "model_ragged": {"b": 8, "h": 4099, "n": 11008, "dtype": float32},
