@@ -157,3 +157,37 @@ def test_a_prime_contraction_gets_a_fused_masked_loop_on_the_cpu(
     assert f"iter < {f - 1}; ++iter)" in src.code and f"iter = {f - 1}; iter < {f};" in src.code
     for out in (k(*arrays)[0], build(plan)(*arrays)[0]):
         assert _rel(out, want) < 1e-5
+
+
+def test_a_ragged_free_dim_gets_masked_block_counts_on_the_cpu(build: Any) -> None:
+    """N = 1543 (prime) on the pinned CPU spec: no power-of-two block count divides it, so
+    the search offers counts whose last block owns a partial, masked tile. The printer runs
+    the blocks before the last on whole tiles read in place and only the last one on tiles
+    staged row by row (the valid prefix copied, the rest zeroed); every candidate passes
+    the numeric and stress checks, and each masked plan matches float64 numpy."""
+    from _pinned_spec import REFERENCE_CPU
+
+    from yirage_cpu import _codegen
+
+    graph, ref, shapes, config = _case("rmsnorm_linear", (8, 256, 1543))
+    k = graph.superoptimize(
+        backend="cpu",
+        cache=False,
+        device_spec=REFERENCE_CPU,
+        profile_options={"min_time_s": 0.01, "min_repeats": 3},
+    )
+    assert all(c.status == "ok" for c in k.report.candidates), str(k.report)
+    plans = _masked_plans(graph, config, REFERENCE_CPU)
+    assert plans, "the search offers no masked block count"
+    arrays = _arrays(shapes, 11)
+    want = ref(*[a.astype(np.float64) for a in arrays])
+    assert _rel(k(*arrays)[0], want) < 1e-5
+    for plan in plans:
+        kernel = next(kp for kp in parse_plan(plan).generated if kp.masked_accesses)
+        grid = kernel.grid[0]
+        assert grid > 1 and 1543 % grid != 0, kernel.grid
+        code = _codegen.generate(plan, simd_width_bits=512).code
+        inner, edge = code.split(f"if (bx < {grid - 1}) {{")[1].split("else {")[:2]
+        assert "memset" not in inner and "memset" in edge  # only the last block stages
+        (out,) = build(plan)(*arrays)
+        assert _rel(out, want) < 1e-5

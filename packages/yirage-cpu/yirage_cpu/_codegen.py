@@ -100,7 +100,7 @@ __all__ = [
 PLAN_FORMAT = FORMAT
 PLAN_VERSION = VERSION
 #: Version of the printer; part of every compile-cache key.
-CODEGEN_VERSION = "12"
+CODEGEN_VERSION = "13"
 
 #: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
 _STACK_LIMIT = 256 * 1024
@@ -406,6 +406,9 @@ class _KernelPrinter:
         #: printing the iterations before a masked loop's last one: the dims the loop walks
         #: are whole there (see :meth:`_masked_dims`)
         self.before_last = False
+        #: printing the blocks before the last along every grid axis with a masked edge
+        #: tile: the dims the grid splits are whole there (see :meth:`_masked_dims`)
+        self.whole_grid = False
         self._read_analyses()
         self.dot_mm, self.dot_a = self._dot_matmuls(graph_dtype) if bf16_dot else (set(), {})
 
@@ -507,10 +510,27 @@ class _KernelPrinter:
 
     def _masked_dims(self, acc: TileAccess) -> tuple[MaskedDim, ...]:
         """The masked dims of ``acc`` where the code being printed runs: a dim the loop walks
-        is masked in the last iteration only."""
-        if not self.before_last:
-            return acc.masked
-        return tuple(m for m in acc.masked if not _walked(acc, m.dim))
+        is masked in the last iteration only, a dim the grid splits in the last block only."""
+        masked = acc.masked
+        if self.before_last:
+            masked = tuple(m for m in masked if not _walked(acc, m.dim))
+        if self.whole_grid:
+            masked = tuple(m for m in masked if _walked(acc, m.dim))
+        return masked
+
+    def _edge_axes(self) -> list[int]:
+        """Grid axes whose last block owns a masked edge tile: its block variable offsets a
+        masked dim the loop does not walk."""
+        axes: set[int] = set()
+        for acc in (*self.k.inputs, *self.k.outputs):
+            for m in acc.masked:
+                if not _walked(acc, m.dim):
+                    axes.update(
+                        _BLOCK_VARS.index(t.var)
+                        for t in acc.offsets[m.dim]
+                        if t.var in _BLOCK_VARS and t.stride
+                    )
+        return sorted(a for a in axes if self.grid[a] > 1)
 
     # -- op emitters -----------------------------------------------------------------------
     def _emit_input(self, w: _Writer, oid: int, op: TileOp) -> None:
@@ -546,6 +566,8 @@ class _KernelPrinter:
                 conv = _ROW_LOAD[buf.dtype]
                 w(f"{conv}({row}, {priv.ptr} + {self._lin(idx, tile)}, {tile[-1]});")
             return
+        if masked and tile[-1] >= _HALF_ROW_MIN and self._masked_rows(oid, kin, w):
+            return
         with self._nest(w, tile) as idx:
             el = f"B{bid}[{base} + {src.off(idx)}]"
             val = _LOAD[buf.dtype].format(el)
@@ -553,6 +575,32 @@ class _KernelPrinter:
             if guard is not None:
                 val = f"({guard}) ? {val} : 0.0f"
             w(f"{priv.ptr}[{self._lin(idx, tile)}] = {val};")
+
+    def _masked_rows(self, oid: int, kin: TileAccess, w: _Writer) -> bool:
+        """Stage a tile masked along its last (contiguous) dim only row by row: the valid
+        prefix of each row copied (widened for 16-bit buffers), the rest zeroed, instead of
+        a guard per element. False (nothing printed) for other masks."""
+        masked = self._masked_dims(kin)
+        last = len(kin.tile) - 1
+        if any(m.dim != last for m in masked):
+            return False
+        buf = self.buffers[kin.buffer]
+        tile, priv = kin.tile, self.tiles[oid]
+        src = _Tile(f"B{kin.buffer}", tile, _row_major(buf.dims), False)
+        start = " + ".join(f"(int64_t){t.var} * {t.stride}" for t in kin.offsets[last]) or "0"
+        n, v = f"yr_n{oid}", f"yr_v{oid}"
+        w(f"const int64_t {n} = (int64_t){masked[0].extent} - ({start});")
+        w(f"const int {v} = {n} <= 0 ? 0 : ({n} >= {tile[-1]} ? {tile[-1]} : (int){n});")
+        with self._nest(w, tile[:-1], simd=False) as ridx:
+            idx = [*ridx, "0"]
+            row = f"B{kin.buffer} + yr_off{oid} + {src.off(idx)}"
+            dst = f"{priv.ptr} + {self._lin(idx, tile)}"
+            if buf.dtype in _ROW_LOAD:
+                w(f"{_ROW_LOAD[buf.dtype]}({row}, {dst}, {v});")
+            else:
+                w(f"memcpy({dst}, {row}, (size_t){v} * sizeof(float));")
+            w(f"memset({dst} + {v}, 0, (size_t)({tile[-1]} - {v}) * sizeof(float));")
+        return True
 
     def _input_is_view(self, oid: int) -> bool:
         """Whether input op ``oid`` is read in place (a view of its buffer) rather than staged
@@ -1297,7 +1345,7 @@ class _KernelPrinter:
         w(f"const int64_t {base} = {off};")
         dst_tile = _Tile(f"B{bid}", tile, bstrides, False)
         row_store = buf.dtype in _ROW_STORE and tile[-1] >= _HALF_ROW_MIN
-        if not out.masked and row_store and srct.strides[-1] == 1:
+        if not self._masked_dims(out) and row_store and srct.strides[-1] == 1:
             with self._nest(w, tile[:-1], simd=False) as ridx:
                 idx = [*ridx, "0"]
                 dst = self._at_raw(dst_tile, idx).replace(f"B{bid}[", f"&B{bid}[{base} + ", 1)
@@ -1361,6 +1409,26 @@ class _KernelPrinter:
             raise self._err(f"unknown tile op {kind!r} (op {oid})")
 
     def print(self) -> str:
+        axes = self._edge_axes()
+        if not axes:
+            return self._function(self._body())
+        # masked edge tiles along the grid: the blocks before the last read and write whole
+        # tiles in place; only the last block on such an axis stages and guards its tiles
+        self.whole_grid = True
+        inner = self._body()
+        self.whole_grid = False
+        edge = self._body()
+        body = _Writer(0)
+        inside = " && ".join(f"{_BLOCK_VARS[a]} < {self.grid[a] - 1}" for a in axes)
+        with body.block(f"if ({inside})"):
+            body.lines.extend(_reindent(inner.lines, body.ind))
+        with body.block("else"):
+            body.lines.extend(_reindent(edge.lines, body.ind))
+        return self._function(body)
+
+    def _body(self) -> _Writer:
+        """One block's code: the prologue, the loop, the accumulators' finish, the epilogue
+        and the stores."""
         order = list(self.ops)
         pre = [o for o in order if self.phase[o] == "pre"]
         loop = [o for o in order if self.phase[o] in ("loop", "accum")]
@@ -1414,7 +1482,7 @@ class _KernelPrinter:
         for e, grp in self.softmax_of_exp.items():
             if grp.shift_store is not None:
                 self._emit_shift_store(body, e, grp.shift_store)
-        return self._function(body)
+        return body
 
     @staticmethod
     def _declare(w: _Writer, d: _Decl, decl: str) -> None:

@@ -281,8 +281,10 @@ fn pow2_divisors(extent: usize, max: usize) -> impl Iterator<Item = usize> {
 /// Grid part counts of a class of `extent` (≤ `max`, tile ≥ `min_tile`): power-of-two
 /// counts, plus counts leaving a power-of-two tile (6144 → 192 blocks of 32), so a
 /// non-power-of-two extent can still fill every unit with matrix-friendly tiles (the
-/// latter only with `pow2_tiles`, i.e. for GPUs; CPU candidates are unchanged). With
-/// `masked` (a free class, see [`masked_parts`]) also the counts of masked edge tiles.
+/// latter only with `pow2_tiles`, i.e. for GPUs). With `masked` (a free class, see
+/// [`masked_parts`]; for CPUs [`masked_counts`]) also the counts of masked edge tiles: a
+/// CPU's free dim that no power-of-two count divides (N = 6151) is otherwise one block on
+/// one thread.
 fn grid_parts(
     extent: usize,
     max: usize,
@@ -300,8 +302,10 @@ fn grid_parts(
         );
     }
     v.retain(|&p| extent / p >= min_tile);
-    if pow2_tiles && masked {
+    if masked && pow2_tiles {
         v.extend(masked_parts(extent, max, min_tile));
+    } else if masked {
+        v.extend(masked_counts(extent, max, min_tile));
     }
     v.sort_unstable();
     v.dedup();
@@ -322,6 +326,20 @@ fn masked_parts(extent: usize, max: usize, min_tile: usize) -> impl Iterator<Ite
         .map(move |t| (t, extent.div_ceil(t)))
         .filter(move |&(t, p)| extent.div_ceil(p) == t && (2..=max).contains(&p))
         .map(|(_, p)| p)
+}
+
+/// Power-of-two part counts `p` that do not divide `extent`, for CPUs: blocks of
+/// `ceil(extent / p)` (≥ `max(min_tile, MIN_MATRIX_TILE)`), the last one partial and masked
+/// (6151 → 2 blocks of 3076, 4 of 1538, …), so every thread gets a share of a dim no count
+/// divides. Only for dims no op of the kernel reduces, as [`masked_parts`].
+fn masked_counts(extent: usize, max: usize, min_tile: usize) -> impl Iterator<Item = usize> {
+    (1..usize::BITS)
+        .map(|i| 1usize << i)
+        .take_while(move |&p| p <= max && p < extent)
+        .filter(move |&p| {
+            let t = extent.div_ceil(p);
+            extent % p != 0 && t >= min_tile.max(MIN_MATRIX_TILE) && (p - 1) * t < extent
+        })
 }
 
 /// Whether the pattern `m` walked by the masked loop range `f` keeps the loop's zero
@@ -696,7 +714,7 @@ enum Kind {
     GridLoop,
 }
 
-fn pattern_kinds(c: &ClassInfo, max_blocks: usize, gpu: bool) -> Vec<Kind> {
+fn pattern_kinds(c: &ClassInfo, max_blocks: usize, gpu: bool, masks: bool) -> Vec<Kind> {
     if c.chunk.is_some() {
         return vec![Kind::Loop];
     }
@@ -704,8 +722,8 @@ fn pattern_kinds(c: &ClassInfo, max_blocks: usize, gpu: bool) -> Vec<Kind> {
         return vec![Kind::Whole];
     }
     let min_tile = if c.matrix { MIN_MATRIX_TILE } else { 1 };
-    let grid_ok =
-        !c.no_grid && !grid_parts(c.extent, max_blocks, min_tile, gpu, !c.contracted).is_empty();
+    let grid_ok = !c.no_grid
+        && !grid_parts(c.extent, max_blocks, min_tile, gpu, masks && !c.contracted).is_empty();
     let loop_ok = c.contracted && c.extent >= 2 * LOOP_TILE.0;
     let mut v = vec![Kind::Whole];
     if grid_ok {
@@ -879,6 +897,9 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         return vec![];
     };
     let gpu = run.spec.is_streaming_gpu();
+    // masked edge tiles along the grid: GPUs and CPUs (a tile machine's blocks must obey
+    // its tiling rule, which a partial block rarely does)
+    let masks = gpu || run.spec.is_cpu();
     // a GPU runs its blocks in waves: prefill-sized grids (attention over 4096 query rows
     // in 128-row tiles for 32 heads is 1024 blocks) need several waves' worth
     let max_blocks = (run.spec.compute_units as usize * if gpu { 16 } else { 4 }).max(1);
@@ -892,7 +913,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
     let kinds: Vec<Vec<Kind>> = an
         .classes
         .iter()
-        .map(|c| pattern_kinds(c, max_blocks, gpu))
+        .map(|c| pattern_kinds(c, max_blocks, gpu, masks))
         .collect();
     let patterns = first_patterns(&kinds, run.cfg.max_concretisations);
     let loop_rules = LoopRules::of(prog, &an);
@@ -979,7 +1000,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                             vec![]
                         }
                     }
-                    Kind::Grid => grid_parts(info.extent, max_blocks, min_tile, gpu, free)
+                    Kind::Grid => grid_parts(info.extent, max_blocks, min_tile, gpu, masks && free)
                         .into_iter()
                         .map(|p| Assign {
                             parts: p,
@@ -1366,7 +1387,7 @@ mod tests {
             let kinds: Vec<Vec<Kind>> = an
                 .classes
                 .iter()
-                .map(|c| pattern_kinds(c, 528, true))
+                .map(|c| pattern_kinds(c, 528, true, true))
                 .collect();
             let rules = LoopRules::of(prog, &an);
             let rep_f = an.classes.iter().find_map(|c| c.chunk).unwrap_or(2);
@@ -1450,10 +1471,16 @@ mod tests {
         // 40 rows: 3 blocks would get tiles of 14, below the matrix tile
         assert_eq!(masked_parts(40, 528, 16).count(), 0);
         assert_eq!(masked_parts(300, 528, 16).collect::<Vec<_>>(), vec![19]);
-        // only free classes get them, and only for GPUs
+        // only free classes get them, on GPUs and CPUs alike
         assert!(grid_parts(5000, 528, 16, true, true).contains(&313));
         assert!(!grid_parts(5000, 528, 16, true, false).contains(&313));
-        assert!(!grid_parts(5000, 528, 16, false, true).contains(&313));
+        // CPUs: power-of-two counts, the last block partial
+        assert_eq!(grid_parts(6151, 64, 16, false, false), Vec::<usize>::new());
+        assert_eq!(
+            grid_parts(6151, 64, 16, false, true),
+            vec![2, 4, 8, 16, 32, 64]
+        );
+        assert_eq!(grid_parts(40, 64, 16, false, true), vec![2]);
         assert_eq!(
             grid_parts(4096, 528, 16, true, true),
             grid_parts(4096, 528, 16, true, false)
