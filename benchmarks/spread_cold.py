@@ -2,10 +2,12 @@
 processes on every GPU of the host (``yirage._spread``), interleaved, on the bench workloads:
 
     python benchmarks/spread_cold.py --out results/spread [--rounds 2] [--workloads ...] [--warm]
+        [--settle S]
 
 With ``--warm`` the timed call is the process's second (a small graph is superoptimized
-first, so the workers are running and the imports done), as in a process that superoptimizes
-several graphs.
+first, so the imports are done), as in a process that superoptimizes several graphs; the
+workers start with the first call and may still be starting (``--settle S`` waits S seconds
+before the timed call, so they are ready).
 
 Each run is a fresh Python process with empty yirage and Triton caches (what a first call
 costs, the workers' start included); ``YIRAGE_PROFILE_WORKERS=0`` is the one-GPU run, the GPU
@@ -33,6 +35,7 @@ if sys.argv[3] == "warm":  # a first call in this process: workers started, impo
     w = yr.new_kernel_graph()
     w.mark_output(w.exp(w.new_input((64, 256), yr.float16)))
     yr.superoptimize(w, backend="cuda", top_k=8)
+    time.sleep(float(sys.argv[4]))  # --settle: the workers finish starting meanwhile
 wl = get_workload(sys.argv[1])
 g = wl.graph(sys.argv[2])
 t = time.perf_counter()
@@ -54,13 +57,15 @@ CASES = (
 )
 
 
-def run_once(workload: str, preset: str, spread: bool, workers: int, warm: bool) -> dict[str, Any]:
+def run_once(
+    workload: str, preset: str, spread: bool, workers: int, warm: bool, settle: float = 0.0
+) -> dict[str, Any]:
     env = dict(os.environ)
     env["YIRAGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="yr-cold-")
     env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
     env["YIRAGE_PROFILE_WORKERS"] = str(workers) if spread else "0"
     out = subprocess.run(
-        [sys.executable, "-c", ONE_RUN, workload, preset, "warm" if warm else "cold"],
+        [sys.executable, "-c", ONE_RUN, workload, preset, "warm" if warm else "cold", str(settle)],
         env=env,
         capture_output=True,
         text=True,
@@ -81,6 +86,12 @@ def main() -> None:
         action="store_true",
         help="time a second call in the process (a small graph superoptimized first)",
     )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="with --warm: seconds to wait after the first call (workers finish starting)",
+    )
     args = ap.parse_args()
     import torch
 
@@ -92,7 +103,7 @@ def main() -> None:
                 continue
             row = rows.setdefault(f"{workload}:{preset}", {"one": [], "spread": []})
             for mode in ("one", "spread"):
-                res = run_once(workload, preset, mode == "spread", gpus, args.warm)
+                res = run_once(workload, preset, mode == "spread", gpus, args.warm, args.settle)
                 row[mode].append(res)
                 print(workload, preset, mode, json.dumps(res)[:300], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,14 @@ class ShareResult:
     build_s: float = 0.0
     precompile_s: float = 0.0
     profile_s: float = 0.0
+    #: from the request read to the answer ready, in the worker
+    total_s: float = 0.0
+    #: wall-clock times (``time.time()``) the worker read the request and sent the answer
+    received_at: float = 0.0
+    answered_at: float = 0.0
+    #: set by the driver: when it sent the request and when it had read the answer
+    sent_at: float = 0.0
+    delivered_at: float = 0.0
 
 
 # -- the worker side -----------------------------------------------------------------------------
@@ -140,8 +148,12 @@ def _serve(backend: str, device_index: int) -> None:
             args = _receive(requests)
         except EOFError:
             return
+        received, t0 = time.time(), time.perf_counter()
         try:
-            answer: tuple[str, Any] = ("ok", _run_share(be, *args))
+            share = _run_share(be, *args)
+            share.total_s = time.perf_counter() - t0
+            share.received_at, share.answered_at = received, time.time()
+            answer: tuple[str, Any] = ("ok", share)
         except Exception as exc:
             answer = ("error", f"{type(exc).__name__}: {exc}")
         _send(answers, answer)
@@ -186,6 +198,7 @@ class WorkerPool:
         :class:`WorkerError` (never a partial result)."""
         with self._lock:
             busy = []
+            sent = time.time()
             for proc, share in zip(self.procs, shares, strict=False):
                 if share:
                     assert proc.stdin is not None
@@ -203,6 +216,7 @@ class WorkerPool:
                     raise WorkerError(f"worker {proc.pid}: {exc} (exit {proc.poll()})") from None
                 if status != "ok":
                     raise WorkerError(f"worker {proc.pid}: {value}")
+                value.sent_at, value.delivered_at = sent, time.time()
                 results.append(value)
             return results
 
@@ -303,8 +317,9 @@ def finalists(results: Sequence[ShareResult], baseline: set[int]) -> list[int]:
     return sorted(keep | baseline)
 
 
-def describe(results: Sequence[ShareResult]) -> str:
-    """The report's note on where the candidates were built and profiled."""
+def describe(results: Sequence[ShareResult], wall_s: float | None = None) -> str:
+    """The report's note on where the candidates were built and profiled (``wall_s``: how
+    long the driver waited for every answer)."""
     devices = [r.device for r in results]
     build = max((r.build_s for r in results), default=0.0)
     pre = max((r.precompile_s for r in results), default=0.0)
@@ -312,6 +327,14 @@ def describe(results: Sequence[ShareResult]) -> str:
     return (
         f"compiled and profiled in {len(results)} worker processes, one per device "
         f"({', '.join(devices)}): {build:.2f} s building, {pre:.2f} s drawing inputs and "
-        f"precompiling and {prof:.2f} s profiling at most per worker; the finalists were "
-        "checked and raced again on this process's device"
+        f"precompiling and {prof:.2f} s profiling at most per worker"
+        + (
+            f" ({max(r.total_s for r in results):.2f} s in all; the answers came "
+            f"{wall_s:.2f} s after the requests, which reached the workers after "
+            f"{max(r.received_at - r.sent_at for r in results):.2f} s, and took "
+            f"{max(r.delivered_at - r.answered_at for r in results):.2f} s back)"
+            if wall_s is not None and results
+            else ""
+        )
+        + "; the finalists were checked and raced again on this process's device"
     )

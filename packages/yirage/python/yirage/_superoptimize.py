@@ -478,6 +478,7 @@ def _tiers(
         return [everything]
     tp = time.perf_counter()
     plans = [(i, _plan_dict(c.kernel_plan())) for i, c in enumerate(to_build)]
+    tw = time.perf_counter()
     try:
         results = pool.run(
             run.graph.to_json(), run.seed, _spread.split(plans, len(pool)), _opts(profile_options)
@@ -491,7 +492,7 @@ def _tiers(
         return [everything]
     run.report.profile_s += time.perf_counter() - tp
     run.report.profiled_on = [r.device for r in results]
-    run.report.notes.append(_spread.describe(results))
+    run.report.notes.append(_spread.describe(results, time.perf_counter() - tw))
     for r in results:
         for index, why in r.build_errors.items():
             cr = run.report.candidates[index]
