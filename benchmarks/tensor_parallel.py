@@ -15,7 +15,9 @@ over ``--rounds`` rounds (median of each round's per-step median):
   the host);
 - ``torch``: the PyTorch step called the same way;
 - ``yirage graph`` / ``torch graph``: each step captured into a CUDA graph (for yirage
-  :meth:`yirage.OptimizedKernel.capture`; for PyTorch ``torch.cuda.graph``), replayed.
+  :meth:`yirage.OptimizedKernel.capture`; for PyTorch ``torch.cuda.graph``), replayed;
+- with ``--cold-l2``, the captured steps again, each after a 256 MiB write that evicts W
+  from L2 (as in a model with many layers), less the time of the write alone.
 
 Each timed sample is ``--steps`` back-to-back steps between two CUDA events on rank 0's
 stream, after a barrier; the step time is the sample over ``--steps``. Rank 0 writes
@@ -136,6 +138,12 @@ def main() -> None:
         action="store_true",
         help="also write host_profile.txt: cProfile of rank 0's plain yirage and torch steps",
     )
+    ap.add_argument(
+        "--cold-l2",
+        action="store_true",
+        help="also time the captured steps after a write of 256 MiB each (W no longer in L2, "
+        "as in a model with many layers), less the time of that write alone",
+    )
     args = ap.parse_args()
 
     dist.init_process_group("nccl")
@@ -169,6 +177,12 @@ def main() -> None:
     err_graph = rel_err(captured()[0], want)
     cases["yirage graph"] = captured
     cases["torch graph"] = graphed(lambda: torch_step(x, w, args.eps))
+    if args.cold_l2:
+        flush = torch.empty(64 << 20, device="cuda")
+        cases["L2 write"] = flush.zero_
+        # looked up at each call: clearing ``cases`` must release the graphs (see below)
+        cases["yirage graph, cold L2"] = lambda: (flush.zero_(), cases["yirage graph"]())
+        cases["torch graph, cold L2"] = lambda: (flush.zero_(), cases["torch graph"]())
     for name in cases:  # warm-up, every case (no loop variable keeps a graph alive)
         timed(cases[name], 10)
     samples: dict[str, list[float]] = {name: [] for name in cases}
@@ -191,6 +205,7 @@ def main() -> None:
             "torch": err_torch,
         },
         "median_us": {name: statistics.median(s) for name, s in samples.items()},
+        "report": str(kernel.report),
         "samples_us": samples,
     }
     if args.host_profile:
@@ -236,6 +251,20 @@ def _table(ranks: list[dict[str, Any]]) -> str:
             f"| {r['cold_superoptimize_s']:.1f} | {e['yirage']:.1e}, {e['yirage repeated']:.1e}, "
             f"{e['yirage graph']:.1e}; {e['torch']:.1e} | {r['chosen']} |"
         )
+    if "L2 write" in r0["median_us"]:
+        lines += [
+            "",
+            "Captured steps with W out of L2 (each step after a 256 MiB write, less that "
+            "write's time):",
+            "",
+            "| rank | yirage graph | torch graph | torch / yirage |",
+            "|---|---:|---:|---:|",
+        ]
+        for i, r in enumerate(ranks):
+            m = r["median_us"]
+            y = m["yirage graph, cold L2"] - m["L2 write"]
+            t = m["torch graph, cold L2"] - m["L2 write"]
+            lines.append(f"| {i} | {y:.1f} | {t:.1f} | {t / y:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

@@ -73,6 +73,34 @@ def test_fixtures_on_the_gpu(gpu: Any, variant: str, dtype: str, case: plans.Cas
         assert rel_err(o, r) <= TOL[dtype]
 
 
+def test_cuda_cpp_kernels_launch_from_a_thread_without_a_context(gpu: Any) -> None:
+    """The driver launches into the calling thread's current context. A thread that made no
+    CUDA runtime call of its own (a rank thread of a multi-device check) has none: the
+    launcher makes the device's primary context current there (it failed with
+    CUDA_ERROR_INVALID_CONTEXT, and every CUDA C++ variant of a multi-device graph was lost)."""
+    import threading
+
+    case = SMALL[0][1]
+    be, kernel = build("cuda-fma", case.plan)
+    xs = case.random_inputs(0)
+    tensors = be.from_numpy([x.astype(np.float32) for x in xs], [d for _, d in case.inputs])
+    want = [o.double().cpu().numpy() for o in kernel(*tensors)]  # loads the function here
+    got: list[Any] = []
+
+    def other_thread() -> None:
+        try:
+            got.append(kernel(*tensors))
+        except Exception as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert not isinstance(got[0], Exception), got[0]
+    for o, w in zip(got[0], want, strict=True):
+        np.testing.assert_array_equal(o.double().cpu().numpy(), w)
+
+
 TARGETS = plans.target_cases("float16")
 
 

@@ -75,6 +75,7 @@ class CudaCppLauncher(Launcher):
         self.kernels = kernels  # name -> {"smem": bytes, "threads": n}
         self._functions: dict[tuple[int, str], Any] = {}
         self._modules: dict[int, Any] = {}
+        self._contexts: dict[int, int] = {}  # device -> its primary context
         module.__dict__["_yr_launch"] = self.launch_kernel
 
     def _function(self, device_index: int, name: str) -> Any:
@@ -96,6 +97,7 @@ class CudaCppLauncher(Launcher):
                     lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain"
                 )
                 _Driver.check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            self._contexts[device_index] = ctx.value
             mod = self._modules.get(device_index)
             if mod is None:
                 mod = ctypes.c_void_p()
@@ -137,6 +139,14 @@ class CudaCppLauncher(Launcher):
         )
         stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
         lib = _Driver.lib()
+        # the driver launches into the calling thread's current context, which a thread that
+        # made no CUDA runtime call yet (a rank thread of run_ranks, a pool thread) lacks
+        current = ctypes.c_void_p()
+        _Driver.check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+        if current.value != self._contexts[index]:
+            _Driver.check(
+                lib.cuCtxSetCurrent(ctypes.c_void_p(self._contexts[index])), "cuCtxSetCurrent"
+            )
         _Driver.check(
             lib.cuLaunchKernel(
                 fn,
