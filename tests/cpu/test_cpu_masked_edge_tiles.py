@@ -161,10 +161,11 @@ def test_a_prime_contraction_gets_a_fused_masked_loop_on_the_cpu(
 
 def test_a_ragged_free_dim_gets_masked_block_counts_on_the_cpu(build: Any) -> None:
     """N = 1543 (prime) on the pinned CPU spec: no power-of-two block count divides it, so
-    the search offers counts whose last block owns a partial, masked tile. The printer runs
-    the blocks before the last on whole tiles read in place and only the last one on tiles
-    staged row by row (the valid prefix copied, the rest zeroed); every candidate passes
-    the numeric and stress checks, and each masked plan matches float64 numpy."""
+    the search offers counts whose last block owns a partial, masked tile. The printer
+    shifts that tile back to end at the extent (it overlaps the block before, recomputes
+    the overlap and stores only its own columns), so every block reads whole tiles in place
+    and nothing is staged; every candidate passes the numeric and stress checks, and each
+    masked plan matches float64 numpy."""
     from _pinned_spec import REFERENCE_CPU
 
     from yirage_cpu import _codegen
@@ -186,8 +187,9 @@ def test_a_ragged_free_dim_gets_masked_block_counts_on_the_cpu(build: Any) -> No
         kernel = next(kp for kp in parse_plan(plan).generated if kp.masked_accesses)
         grid = kernel.grid[0]
         assert grid > 1 and 1543 % grid != 0, kernel.grid
+        tile = -(-1543 // grid)
         code = _codegen.generate(plan, simd_width_bits=512).code
-        inner, edge = code.split(f"if (bx < {grid - 1}) {{")[1].split("else {")[:2]
-        assert "memset" not in inner and "memset" in edge  # only the last block stages
+        assert f"< {1543 - tile} ? " in code and ">= yr_skip" in code  # shifted, stored after
+        assert "memset" not in code and " : 0.0f" not in code  # nothing staged or guarded
         (out,) = build(plan)(*arrays)
         assert _rel(out, want) < 1e-5

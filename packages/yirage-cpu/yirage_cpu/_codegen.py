@@ -406,9 +406,7 @@ class _KernelPrinter:
         #: printing the iterations before a masked loop's last one: the dims the loop walks
         #: are whole there (see :meth:`_masked_dims`)
         self.before_last = False
-        #: printing the blocks before the last along every grid axis with a masked edge
-        #: tile: the dims the grid splits are whole there (see :meth:`_masked_dims`)
-        self.whole_grid = False
+        self.shift_vars = self._shift_vars()
         self._read_analyses()
         self.dot_mm, self.dot_a = self._dot_matmuls(graph_dtype) if bf16_dot else (set(), {})
 
@@ -459,10 +457,22 @@ class _KernelPrinter:
     def _kinput(self, op: TileOp) -> TileAccess:
         return self.k.inputs[int(op.attr("input"))]
 
-    def _offset_expr(self, offsets: Sequence[Sequence[OffsetTerm]], buf_dims: Sequence[int]) -> str:
+    def _offset_expr(
+        self,
+        offsets: Sequence[Sequence[OffsetTerm]],
+        buf_dims: Sequence[int],
+        acc: TileAccess | None = None,
+    ) -> str:
+        """The element offset of a tile in its buffer (``acc``: the access, whose masked
+        dims the grid splits start as :meth:`_start` says)."""
         strides = _row_major(buf_dims)
+        shifted = self._grid_masked(acc) if acc is not None else {}
         terms = []
         for d, parts in enumerate(offsets):
+            if d in shifted:
+                assert acc is not None
+                terms.append(f"{self._start(acc, d)} * {strides[d]}")
+                continue
             for t in parts:
                 coef = t.stride * strides[d]
                 if coef:
@@ -509,28 +519,55 @@ class _KernelPrinter:
             self.private_decls.append(decl)
 
     def _masked_dims(self, acc: TileAccess) -> tuple[MaskedDim, ...]:
-        """The masked dims of ``acc`` where the code being printed runs: a dim the loop walks
-        is masked in the last iteration only, a dim the grid splits in the last block only."""
-        masked = acc.masked
-        if self.before_last:
-            masked = tuple(m for m in masked if not _walked(acc, m.dim))
-        if self.whole_grid:
-            masked = tuple(m for m in masked if _walked(acc, m.dim))
-        return masked
+        """The dims of ``acc`` read with zeros past the extent (and stored only inside it)
+        where the code being printed runs: a dim the loop walks in its last iteration only;
+        a dim the grid splits unless its last tile is shifted back (:meth:`_start`)."""
+        shifted = self._grid_masked(acc)
+        return tuple(
+            m
+            for m in acc.masked
+            if m.dim not in shifted and not (self.before_last and _walked(acc, m.dim))
+        )
 
-    def _edge_axes(self) -> list[int]:
-        """Grid axes whose last block owns a masked edge tile: its block variable offsets a
-        masked dim the loop does not walk."""
-        axes: set[int] = set()
-        for acc in (*self.k.inputs, *self.k.outputs):
-            for m in acc.masked:
-                if not _walked(acc, m.dim):
-                    axes.update(
-                        _BLOCK_VARS.index(t.var)
-                        for t in acc.offsets[m.dim]
-                        if t.var in _BLOCK_VARS and t.stride
-                    )
-        return sorted(a for a in axes if self.grid[a] > 1)
+    def _shift_vars(self) -> set[str]:
+        """Block variables whose last tile may be shifted back: each offsets a masked dim
+        the loop does not walk, in every output of the kernel. An axis no output carries
+        is one the kernel reduces over (its blocks add partial results), where an overlap
+        would be counted twice: those keep zero-padded tiles."""
+
+        def carried(acc: TileAccess) -> set[str]:
+            return {
+                t.var
+                for m in acc.masked
+                if not _walked(acc, m.dim)
+                for t in acc.offsets[m.dim]
+                if t.var in _BLOCK_VARS and t.stride
+            }
+
+        outs = [carried(o) for o in self.k.outputs]
+        return set.intersection(*outs) if outs else set()
+
+    def _grid_masked(self, acc: TileAccess) -> dict[int, int]:
+        """The masked dims of ``acc`` whose last tile is shifted back, with their extents."""
+        return {
+            m.dim: m.extent
+            for m in acc.masked
+            if not _walked(acc, m.dim)
+            and any(t.var in self.shift_vars and t.stride for t in acc.offsets[m.dim])
+        }
+
+    def _start(self, acc: TileAccess, d: int) -> str:
+        """C expression of the first element of ``acc``'s tile along dim ``d``. Along a masked
+        dim the grid splits, the last block's tile would run past the extent E: it starts at
+        E - tile instead, overlapping the block before (the dims the grid may split so are
+        ones no op reduces: the overlap is recomputed exactly, and only the block's own part
+        is stored, see :meth:`_emit_output`). Every tile is then whole and read in place."""
+        start = " + ".join(f"(int64_t){t.var} * {t.stride}" for t in acc.offsets[d]) or "0"
+        extent = self._grid_masked(acc).get(d)
+        if extent is None:
+            return start
+        last = extent - acc.tile[d]
+        return f"(({start}) < {last} ? ({start}) : (int64_t){last})"
 
     # -- op emitters -----------------------------------------------------------------------
     def _emit_input(self, w: _Writer, oid: int, op: TileOp) -> None:
@@ -540,7 +577,7 @@ class _KernelPrinter:
         bdims = buf.dims
         tile = kin.tile
         dims = self._dims(oid)
-        off = self._offset_expr(kin.offsets, bdims)
+        off = self._offset_expr(kin.offsets, bdims, kin)
         bstrides = _row_major(bdims)
         if kin.shift_load is not None:
             self._emit_shifted_input(w, oid, kin, buf, off)
@@ -1337,7 +1374,7 @@ class _KernelPrinter:
         assert out.src is not None  # outputs name the op they store
         src = self.tiles[out.src]
         tile = out.tile
-        off = self._offset_expr(out.offsets, bdims)
+        off = self._offset_expr(out.offsets, bdims, out)
         bstrides = _row_major(bdims)
         conv = _STORE[buf.dtype]
         srct = _Tile(src.ptr, tile, _row_major(tile), True) if src.dims != tile else src
@@ -1345,7 +1382,18 @@ class _KernelPrinter:
         w(f"const int64_t {base} = {off};")
         dst_tile = _Tile(f"B{bid}", tile, bstrides, False)
         row_store = buf.dtype in _ROW_STORE and tile[-1] >= _HALF_ROW_MIN
-        if not self._masked_dims(out) and row_store and srct.strides[-1] == 1:
+        # along a masked dim the grid splits, the last tile was shifted back: the elements
+        # before its own start belong to the block before, which stores them
+        own = {
+            d: f"(({' + '.join(f'(int64_t){t.var} * {t.stride}' for t in out.offsets[d])})"
+            f" - {self._start(out, d)})"
+            for d in self._grid_masked(out)
+        }
+        if own:
+            for d, skip in own.items():
+                w(f"const int64_t yr_skip{index}_{d} = {skip};")
+        masked = bool(self._masked_dims(out) or own)
+        if not masked and row_store and srct.strides[-1] == 1:
             with self._nest(w, tile[:-1], simd=False) as ridx:
                 idx = [*ridx, "0"]
                 dst = self._at_raw(dst_tile, idx).replace(f"B{bid}[", f"&B{bid}[{base} + ", 1)
@@ -1356,6 +1404,9 @@ class _KernelPrinter:
             dst = self._at_raw(_Tile(f"B{bid}", tile, bstrides, False), idx)
             dst = dst.replace(f"B{bid}[", f"B{bid}[{base} + ", 1)
             guard = self._edge_guard(out, idx)  # masked edge tiles: nothing past the extent
+            conds = [guard] if guard is not None else []
+            conds += [f"{idx[d]} >= yr_skip{index}_{d}" for d in own]
+            guard = " && ".join(conds) if conds else None
             store = f"{dst} = {conv.format(srct.at(idx))};"
             w(f"if ({guard}) {store}" if guard is not None else store)
 
@@ -1409,26 +1460,6 @@ class _KernelPrinter:
             raise self._err(f"unknown tile op {kind!r} (op {oid})")
 
     def print(self) -> str:
-        axes = self._edge_axes()
-        if not axes:
-            return self._function(self._body())
-        # masked edge tiles along the grid: the blocks before the last read and write whole
-        # tiles in place; only the last block on such an axis stages and guards its tiles
-        self.whole_grid = True
-        inner = self._body()
-        self.whole_grid = False
-        edge = self._body()
-        body = _Writer(0)
-        inside = " && ".join(f"{_BLOCK_VARS[a]} < {self.grid[a] - 1}" for a in axes)
-        with body.block(f"if ({inside})"):
-            body.lines.extend(_reindent(inner.lines, body.ind))
-        with body.block("else"):
-            body.lines.extend(_reindent(edge.lines, body.ind))
-        return self._function(body)
-
-    def _body(self) -> _Writer:
-        """One block's code: the prologue, the loop, the accumulators' finish, the epilogue
-        and the stores."""
         order = list(self.ops)
         pre = [o for o in order if self.phase[o] == "pre"]
         loop = [o for o in order if self.phase[o] in ("loop", "accum")]
@@ -1482,7 +1513,7 @@ class _KernelPrinter:
         for e, grp in self.softmax_of_exp.items():
             if grp.shift_store is not None:
                 self._emit_shift_store(body, e, grp.shift_store)
-        return body
+        return self._function(body)
 
     @staticmethod
     def _declare(w: _Writer, d: _Decl, decl: str) -> None:

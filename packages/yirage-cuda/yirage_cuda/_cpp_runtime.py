@@ -97,7 +97,7 @@ class CudaCppLauncher(Launcher):
                     lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain"
                 )
                 _Driver.check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-            self._contexts[device_index] = ctx.value
+            self._contexts[device_index] = ctx.value or 0
             mod = self._modules.get(device_index)
             if mod is None:
                 mod = ctypes.c_void_p()
