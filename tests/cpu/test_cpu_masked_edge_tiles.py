@@ -193,3 +193,30 @@ def test_a_ragged_free_dim_gets_masked_block_counts_on_the_cpu(build: Any) -> No
         assert "memset" not in code and " : 0.0f" not in code  # nothing staged or guarded
         (out,) = build(plan)(*arrays)
         assert _rel(out, want) < 1e-5
+
+
+def test_a_masked_axis_the_blocks_reduce_over_keeps_zero_padding(build: Any) -> None:
+    """K = 13 split over 2 blocks in tiles of 8, each block storing its partial product in
+    its own half of the output: no output carries the masked axis, so the last tile is not
+    shifted back (its overlap would be summed twice); it reads zeros past K instead, and the
+    two halves add up to x @ w."""
+    from cpu_plan_tools import PlanBuilder, off
+
+    from yirage_cpu import _codegen
+
+    m, k, n = 4, 13, 16
+    p = PlanBuilder()
+    x, w = p.input([m, k]), p.input([k, n])
+    kb = p.kernel("split_k", grid=(2, 1, 1), forloop_range=1)
+    tx = kb.input(x, [m, 8], [[], off(("bx", 8))])
+    tw = kb.input(w, [8, n], [off(("bx", 8)), []])
+    kb.output(p.output([m, 2 * n]), kb.matmul(tx, tw, phase="epilogue"), [[], off(("bx", n))])
+    plan = p.build()
+    kernel = plan["kernels"][0]
+    kernel["inputs"][0]["masked"] = [{"dim": 1, "extent": k}]
+    kernel["inputs"][1]["masked"] = [{"dim": 0, "extent": k}]
+    assert f"< {k - 8} ? " not in _codegen.generate(plan, simd_width_bits=512).code
+    xs, ws = _arrays([(m, k), (k, n)], 13)
+    (out,) = build(plan)(xs, ws)
+    want = xs.astype(np.float64) @ ws.astype(np.float64)
+    assert _rel(out[:, :n] + out[:, n:], want) < 1e-6
