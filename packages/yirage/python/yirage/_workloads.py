@@ -4,7 +4,8 @@ reference, optional expert kernel, and shape presets.
 Presets: ``"gpu"`` is the full size in float16, ``"cpu"`` the reduced CPU size in
 float32, ``"model"`` / ``"model_bf16"`` model sizes (hidden 4096, GQA decode at kv 8192) in
 float32 / bfloat16 for CPUs, ``"model_ragged"`` (CPU) and ``"ragged_prime"`` (GPU) a prime
-hidden size (4099) no loop tile divides; some workloads have further named presets (e.g.
+hidden size (4099) no loop tile divides, ``"model_ragged_n"`` (CPU) an odd output size no
+block count divides; some workloads have further named presets (e.g.
 ``"gpu_b1"``, ``"paper"``). The graph builder and the reference function take the same
 tensors in the same layout, so a benchmark can feed one set of inputs to yirage, to the
 reference (PyTorch eager or ``torch.compile``) and to the expert kernel.
@@ -352,6 +353,7 @@ WORKLOADS: dict[str, Workload] = {
                 "model": {"b": 8, "h": 4096, "n": 6144, "dtype": float32},
                 "model_bf16": {"b": 8, "h": 4096, "n": 6144, "dtype": bfloat16},
                 "model_ragged": {"b": 8, "h": 4099, "n": 6144, "dtype": float32},
+                "model_ragged_n": {"b": 8, "h": 4096, "n": 6151, "dtype": float32},
             },
             _rmsnorm_linear_graph,
             _rmsnorm_linear_ref,
@@ -397,6 +399,7 @@ WORKLOADS: dict[str, Workload] = {
                 "model": {"b": 8, "h": 4096, "n": 11008, "dtype": float32},
                 "model_bf16": {"b": 8, "h": 4096, "n": 11008, "dtype": bfloat16},
                 "model_ragged": {"b": 8, "h": 4099, "n": 11008, "dtype": float32},
+                "model_ragged_n": {"b": 8, "h": 4096, "n": 11003, "dtype": float32},
             },
             _gated_mlp_graph,
             _gated_mlp_ref,

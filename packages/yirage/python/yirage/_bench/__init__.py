@@ -96,8 +96,9 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "--shapes",
         default=None,
         help="shape presets: 'cpu' (reduced, float32), 'gpu' (full size, float16), 'model' "
-        "(CPU model sizes, float32 and bfloat16, and a prime hidden size), 'prefill' (GPU, "
-        "256-4096 rows), 'ragged' (GPU, dims no power-of-two tile divides) or a preset name; "
+        "(CPU model sizes, float32 and bfloat16, a prime hidden size and an odd output size), "
+        "'prefill' (GPU, 256-4096 rows), 'ragged' (GPU, dims no power-of-two tile divides) or "
+        "a preset name; "
         "default: cpu for the cpu backend, else gpu",
     )
     p.add_argument(

@@ -80,15 +80,18 @@ class Case:
 
     @property
     def name(self) -> str:
-        """``<workload>_b<b>[_h<h>][_q<q_len>][_kv<kv>][_bf16]`` from the preset's sizes and
-        dtype (bfloat16 is named, so a float32 and a bfloat16 case of one size are two rows;
-        so is the hidden size of a ragged preset)."""
+        """``<workload>_b<b>[_h<h>][_n<n>][_q<q_len>][_kv<kv>][_bf16]`` from the preset's
+        sizes and dtype (bfloat16 is named, so a float32 and a bfloat16 case of one size are
+        two rows; so are the hidden size of a ragged preset and the output size of a
+        ragged-output one)."""
         s = self.shape
         parts = [str(self.workload.name)]
         if "b" in s:
             parts.append(f"b{s['b']}")
         if "ragged" in self.preset and "h" in s:
             parts.append(f"h{s['h']}")
+        if self.preset.endswith("ragged_n") and "n" in s:
+            parts.append(f"n{s['n']}")
         if "q_len" in s:
             parts.append(f"q{s['q_len']}")
         if "kv" in s:
