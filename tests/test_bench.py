@@ -240,15 +240,17 @@ def test_cases_follow_targets() -> None:
 def test_model_presets_are_cpu_model_sizes_in_float32_and_bfloat16() -> None:
     """``--shapes model``: the four model-size cases of issue #32, each in float32 and
     bfloat16 (named apart), at hidden 4096 and GQA decode kv 8192, and RMSNorm + Linear and
-    gated MLP at a prime hidden size (named by it)."""
+    gated MLP at a prime hidden size and at an odd output size (named by them)."""
     cases, notes = _harness.select_cases("all", "model")
     assert [c.name for c in cases] == [
         "rmsnorm_linear_b8",
         "rmsnorm_linear_b8_bf16",
         "rmsnorm_linear_b8_h4099",
+        "rmsnorm_linear_b8_h4096_n6151",
         "gated_mlp_b8",
         "gated_mlp_b8_bf16",
         "gated_mlp_b8_h4099",
+        "gated_mlp_b8_h4096_n11003",
         "lora_b8",
         "lora_b8_bf16",
         "gqa_decode_b1_kv8192",
@@ -260,6 +262,7 @@ def test_model_presets_are_cpu_model_sizes_in_float32_and_bfloat16() -> None:
     assert dims["rmsnorm_linear_b8"] == [(8, 4096), (4096, 6144)]
     assert dims["gated_mlp_b8_bf16"] == [(8, 4096), (4096, 11008), (4096, 11008)]
     assert dims["rmsnorm_linear_b8_h4099"] == [(8, 4099), (4099, 6144)]
+    assert dims["gated_mlp_b8_h4096_n11003"] == [(8, 4096), (4096, 11003), (4096, 11003)]
     assert dims["lora_b8"] == [(8, 4096), (4096, 4096), (4096, 16), (16, 4096)]
     assert dims["gqa_decode_b1_kv8192"] == [(2, 4, 128), (2, 128, 8192), (2, 8192, 128)]
     assert {c.workload.dtype(c.preset).name for c in cases} == {"float32", "bfloat16"}
