@@ -214,7 +214,8 @@ def test_cases_follow_targets() -> None:
         "qknorm_gqa_b8_kv4096",
     ]
     assert notes == [
-        "attention_prefill: no 'gpu' shape preset (presets: cpu, prefill_1024, prefill_4096); "
+        "attention_prefill: no 'gpu' shape preset (presets: cpu, prefill_1024, prefill_4096, "
+        "ragged_prime); "
         "not run"
     ]
     cpu, _ = _harness.select_cases(["all"], "cpu")

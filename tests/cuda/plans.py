@@ -564,17 +564,24 @@ def attention_fused(
 ) -> Case:
     """Single-kernel attention softmax(Q Kᵀ·scale) V: the loop runs the safe softmax over all
     of L and the epilogue divides, so the shift cancels inside the kernel (no
-    ``scale_outputs``); with large scores an unshifted exp would overflow."""
+    ``scale_outputs``); with large scores an unshifted exp would overflow. Where ``tl`` does
+    not divide L the loop is masked: its last tile reads zeros past L, and the exp maps those
+    padded scores to zero (its ``masked`` dim)."""
     pb = PlanBuilder(f"fixture-attn-fused-{batch}x{rows}x{d}-L{kv_len}-{tl}-{dtype}-{scale}")
     q = pb.buf([batch, rows, d], dtype, "input")
     kt = pb.buf([batch, d, kv_len], dtype, "input")
     v = pb.buf([batch, kv_len, d], dtype, "input")
     o = pb.buf([batch, rows, d], dtype, "output")
-    k = pb.kernel("attn", [batch], kv_len // tl)
+    k = pb.kernel("attn", [batch], -(-kv_len // tl))
     tq = k.load(q, [1, rows, d], "pre", d0=[("bx", 1)])
     tk = k.load(kt, [1, d, tl], d0=[("bx", 1)], d2=[("iter", tl)])
     tv = k.load(v, [1, tl, d], d0=[("bx", 1)], d1=[("iter", tl)])
     e = k.unary("exp", k.unary("mul_scalar", k.matmul(tq, tk), params=[scale]))
+    if kv_len % tl:
+        ins = k.k["inputs"]
+        ins[1]["masked"] = [{"dim": 2, "extent": kv_len}]
+        ins[2]["masked"] = [{"dim": 1, "extent": kv_len}]
+        k.k["ops"][e]["masked"] = [{"dim": 2, "extent": kv_len}]
     acc_o = k.accum(k.matmul(e, tv))
     acc_l = k.accum(e, "sum")
     k.store(o, k.binary("div", acc_o, acc_l, "epilogue"), d0=[("bx", 1)])
@@ -584,7 +591,9 @@ def attention_fused(
         return [_softmax(qv @ ktv * scale) @ vv]
 
     shapes = [((batch, rows, d), dtype), ((batch, d, kv_len), dtype), ((batch, kv_len, d), dtype)]
-    return Case("attention_fused", pb.plan, shapes, ref)
+    # with a negative scale, positive Q and K put every score far below the padding's 0
+    positive = (0, 1) if scale < 0 else ()
+    return Case("attention_fused", pb.plan, shapes, ref, positive=positive)
 
 
 def mixed_library(
@@ -726,6 +735,9 @@ def small_cases(dtype: str = "float32") -> list[Case]:
         gqa_decode(dtype=dtype),
         gqa_decode(dtype=dtype, qk_norm=True, combine="loop"),
         attention_fused(dtype=dtype),
+        # a masked loop over kv: 7 tiles of 32 > 203; every score far below 0, so a max
+        # taken over the zero padding would underflow every exp (0 / 0)
+        attention_fused(kv_len=203, dtype=dtype, scale=-10.0),
         mixed_library(dtype=dtype),
         zoo_odd(dtype=dtype),
         zoo_batched(dtype=dtype),

@@ -198,3 +198,64 @@ def test_a_prime_contraction_is_walked_by_a_masked_loop_in_the_interpreter(
             assert m.extent == h and h % k.forloop_range != 0
         err = _interpreted_error(workload, dims, cand, seed=11)
         assert err <= 1e-5, (cand.label, err)
+
+
+def attention(heads: int, rows: int, d: int, kv: int) -> yr.KernelGraph:
+    """softmax(Q Kᵀ / √d) V over ``kv`` keys, Kᵀ given as [heads, d, kv]."""
+    g = yr.new_kernel_graph()
+    q = g.new_input((heads, rows, d), yr.float32)
+    kt = g.new_input((heads, d, kv), yr.float32)
+    v = g.new_input((heads, kv, d), yr.float32)
+    scores = g.mul_scalar(g.matmul(q, kt), 1.0 / np.sqrt(d))
+    g.mark_output(g.matmul(g.softmax(scores, -1), v))
+    return g
+
+
+def _softmax_ref(q: np.ndarray, kt: np.ndarray, v: np.ndarray) -> np.ndarray:
+    s = q @ kt / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize(
+    ("dims", "offset"),
+    [((2, 16, 64, 1031), 0.0), ((2, 16, 64, 1031), 80.0), ((2, 47, 64, 1031), 0.0)],
+    ids=["scores", "scores_far_below_zero", "prime_query_rows"],
+)
+def test_attention_over_a_prime_kv_masks_the_exp_in_the_interpreter(
+    dims: tuple[int, int, int, int], offset: float
+) -> None:
+    """kv = 1031 (prime): the fused attention walks kv with a masked loop, and its exp maps
+    the padded scores past 1031 to zero (-inf in the softmax's max). With positive Q and K
+    shifted so that every score lies far below 0, a max over the padding's zeros would
+    underflow every exp (0 / 0); the printed kernel matches float64 numpy instead. With 47
+    query rows the rows are masked edge tiles too: the printer folds the heads into the rows
+    and compares each row with its own head's end."""
+    r = yr.search(attention(*dims), device_spec=H100, top_k=12, cache=False)
+    chosen = [c for c in r.candidates if _loop_masked(c)]
+    assert chosen, [c.label for c in r.candidates]
+    rng = np.random.default_rng(5)
+    h, m, d, kv = dims
+    q = rng.standard_normal((h, m, d))
+    kt = rng.standard_normal((h, d, kv))
+    if offset:  # every product of a negative Q row and a positive K column is ≪ 0
+        q, kt = -(np.abs(q) + offset / 8), np.abs(kt) + 1.0
+    v = rng.standard_normal((h, kv, d))
+    want = _softmax_ref(q, kt, v)
+    if offset:
+        s = q @ kt / np.sqrt(d)
+        assert np.all(np.exp(s.astype(np.float32)) == 0.0)  # every exp underflows unshifted
+    be = _backend()
+    for cand in chosen[:2]:
+        plan = parse_plan(cand.kernel_plan())
+        exps = [o for k in plan.generated for o in k.ops if o.attrs.get("unop") == "exp"]
+        assert any(o.masked and o.masked[0].extent == kv for o in exps), cand.label
+        src = be.codegen(cand.kernel_plan())
+        kernel = be.load(be.compile(src))
+        tensors = be.from_numpy([a.astype(np.float32) for a in (q, kt, v)], ["float32"] * 3)
+        (out,) = kernel(*tensors)
+        got = out.double().numpy()
+        assert np.isfinite(got).all(), cand.label
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        # fp32 scores near -150 are rounded by ~1e-5 before their exp
+        assert err <= (1e-4 if offset else 1e-5), (cand.label, err)

@@ -18,6 +18,7 @@ use crate::dense::{self, Dense};
 use crate::domain::Domain;
 use crate::error::{eval_err, CoreError, Result};
 use crate::kernel_graph::{KernelGraph, KernelOpKind};
+use crate::masked_loop::masked_exps;
 use crate::ops::{AccumKind, BinaryOp, UnaryOp};
 use crate::phase::Phase;
 use crate::shape::fmt_dims;
@@ -420,9 +421,10 @@ fn run_block_graph_signed<D: Domain>(
         return Err(internal("customized input count"));
     }
     let signs = tile_signs(bg, in_signs);
+    let exps = MaskedExps::of(bg);
     let per_block: Vec<Vec<Dense<D::V>>> = (0..bg.num_blocks())
         .into_par_iter()
-        .map(|b| run_one_block(d, bg, inputs, &signs, block_index(bg.grid_dim(), b)))
+        .map(|b| run_one_block(d, bg, inputs, &signs, &exps, block_index(bg.grid_dim(), b)))
         .collect::<Result<_>>()?;
     let grid = bg.grid_dim();
     let mut outs: Vec<Dense<D::V>> = bg
@@ -524,12 +526,51 @@ fn compute_tile<D: Domain>(
     })
 }
 
+/// The exps of a masked loop whose padded elements are zero ([`masked_exps`]): per op, the
+/// tile dim the padding runs along, and the loop's extent.
+struct MaskedExps {
+    dim_of: Vec<Option<usize>>,
+    extent: usize,
+}
+
+impl MaskedExps {
+    fn of(bg: &BlockGraph) -> MaskedExps {
+        let mut dim_of = vec![None; bg.ops().len()];
+        for (i, dim) in masked_exps(bg) {
+            dim_of[i] = Some(dim);
+        }
+        MaskedExps {
+            dim_of,
+            extent: bg.loop_extent().unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Zero the elements of exp `i`'s tile `t` that lie past the extent in iteration `it`.
+    fn apply<V: Copy>(&self, i: usize, it: usize, t: &mut Dense<V>, zero: V) {
+        let Some(dim) = self.dim_of[i] else {
+            return;
+        };
+        let size = t.dims[dim];
+        let valid = self.extent.saturating_sub(it * size).min(size);
+        if valid == size {
+            return;
+        }
+        let inner: usize = t.dims[dim + 1..].iter().product();
+        for (k, v) in t.data.iter_mut().enumerate() {
+            if (k / inner) % size >= valid {
+                *v = zero;
+            }
+        }
+    }
+}
+
 /// Run one thread block: the for-loop, accumulators, after-loop ops; returns output tiles.
 fn run_one_block<D: Domain>(
     d: &D,
     bg: &BlockGraph,
     inputs: &[&Dense<D::V>],
     signs: &[Sign],
+    exps: &MaskedExps,
     bidx: [usize; 3],
 ) -> Result<Vec<Dense<D::V>>> {
     let ops = bg.ops();
@@ -586,7 +627,9 @@ fn run_one_block<D: Domain>(
                 }
                 other => {
                     if tiles[i].phase == Phase::LoopBody {
-                        vals[i] = Some(compute_tile(d, other, &vals, signs, dimx)?);
+                        let mut t = compute_tile(d, other, &vals, signs, dimx)?;
+                        exps.apply(i, it, &mut t, d.zero());
+                        vals[i] = Some(t);
                     }
                 }
             }
@@ -790,12 +833,80 @@ mod masked_tests {
     }
 
     #[test]
-    fn masked_loop_padding_an_exp_turns_to_ones_disagrees() {
-        // exp(0) = 1 past K: the masked kernel sums 3 extra ones into each row's squares
-        let (plain, fused) = rms_linear_pair(67, 5, Some(UnaryOp::Exp));
+    fn masked_loop_padding_a_sigmoid_turns_nonzero_disagrees() {
+        // sigmoid(0) = 1/2 past K: the masked kernel sums 3 extra quarters into each row's
+        // squares
+        let (plain, fused) = rms_linear_pair(67, 5, Some(UnaryOp::Sigmoid));
         assert!(!equivalent(&plain, &fused, 2, 7).unwrap());
         // the same kernel over a dividing loop is exact
-        let (plain, fused) = rms_linear_pair(70, 5, Some(UnaryOp::Exp));
+        let (plain, fused) = rms_linear_pair(70, 5, Some(UnaryOp::Sigmoid));
         assert!(equivalent(&plain, &fused, 2, 7).unwrap());
+    }
+
+    #[test]
+    fn masked_loop_exp_of_padding_is_zero() {
+        // exp past K is zero (the padding is absent), so the squares gain nothing
+        let (plain, fused) = rms_linear_pair(67, 5, Some(UnaryOp::Exp));
+        let ins = [data(&[8, 67], 8), data(&[67, 24], 9)];
+        let (a, b) = (
+            evaluate(&plain, &ins).unwrap(),
+            evaluate(&fused, &ins).unwrap(),
+        );
+        for (u, v) in a[0].data.iter().zip(&b[0].data) {
+            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
+        }
+        assert!(equivalent(&plain, &fused, 2, 7).unwrap());
+    }
+
+    /// `softmax(Q·Kt)·V` of `Q[8,16]`, `Kt[16,kv]`, `V[kv,8]` as plain kernel ops, and as one
+    /// block walking kv in `f` iterations (exp, its row sums and its product with V
+    /// accumulated, divided after the loop).
+    fn attention_pair(kv: i64, f: i64) -> (KernelGraph, KernelGraph) {
+        let mut plain = KernelGraph::new();
+        let q = plain.new_input(&[8, 16], F).unwrap();
+        let kt = plain.new_input(&[16, kv], F).unwrap();
+        let v = plain.new_input(&[kv, 8], F).unwrap();
+        let s = plain.matmul(q, kt).unwrap();
+        let p = plain.softmax(s, -1).unwrap();
+        let o = plain.matmul(p, v).unwrap();
+        plain.mark_output(o).unwrap();
+        let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], f, 1).unwrap();
+        let bq = b.new_input(&[8, 16], F, [-1; 3], -1).unwrap();
+        let bk = b.new_input(&[16, kv], F, [-1; 3], 1).unwrap();
+        let bv = b.new_input(&[kv, 8], F, [-1; 3], 0).unwrap();
+        let s = b.matmul(bq, bk).unwrap();
+        let e = b.unary(UnaryOp::Exp, s).unwrap();
+        let pv = b.matmul(e, bv).unwrap();
+        let rs = b.reduction(e, 1).unwrap();
+        let acc = b.forloop_accum(pv, AccumKind::Iter).unwrap();
+        let den = b.forloop_accum(rs, AccumKind::Iter).unwrap();
+        let o = b.binary(BinaryOp::Div, acc, den).unwrap();
+        b.new_output(o, [-1; 3]).unwrap();
+        let mut g = KernelGraph::new();
+        let ins: Vec<_> = [vec![8, 16], vec![16, kv], vec![kv, 8]]
+            .iter()
+            .map(|d| g.new_input(d, F).unwrap())
+            .collect();
+        let outs = g.customized(&ins, &b).unwrap();
+        g.mark_output(outs[0]).unwrap();
+        (plain, g)
+    }
+
+    #[test]
+    fn masked_loop_softmax_over_a_prime_kv_matches_target() {
+        // kv = 67 in 5 tiles of 14: the last tile's 3 padded scores are 0, and their exps
+        // would add exp(0) = 1 to every row's sum; the masked exp makes them 0
+        let (plain, fused) = attention_pair(67, 5);
+        let ins = [data(&[8, 16], 1), data(&[16, 67], 2), data(&[67, 8], 3)];
+        let (a, b) = (
+            evaluate(&plain, &ins).unwrap(),
+            evaluate(&fused, &ins).unwrap(),
+        );
+        for (u, v) in a[0].data.iter().zip(&b[0].data) {
+            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
+        }
+        assert!(equivalent(&plain, &fused, 2, 11).unwrap());
+        // 67 in 6 tiles of 12 (the last owning 7) agrees as well
+        assert!(equivalent(&plain, &attention_pair(67, 6).1, 2, 11).unwrap());
     }
 }

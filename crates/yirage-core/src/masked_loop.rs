@@ -2,12 +2,15 @@
 //!
 //! The last iteration of a masked loop ([`BlockGraph::loop_extent`]) reads zeros past the
 //! walked dim's extent. A sum over that dim is then exact (it gains only zeros); an op that
-//! maps zero elsewhere (`exp`, a sigmoid, adding a scalar) turns the padding into values
-//! that a later sum over the dim would add in. [`padding_stays_out`] follows the padded
-//! elements op by op — which dims carry them and whether they are still zero — and answers
-//! whether any reaches a real element. The search asks it before building a masked-loop
-//! candidate, so one that verification would reject costs no fingerprint; verification
-//! stays the judge of equivalence.
+//! maps zero elsewhere (a sigmoid, adding a scalar) turns the padding into values that a
+//! later sum over the dim would add in. An `exp` is the exception the IR defines: its padded
+//! elements are zero (the padding is absent, as if it were −∞), so a softmax over a dim no
+//! tile divides stays exact; printers fill −∞ there before the exp and its group's max
+//! ([`masked_exps`]). [`padding_stays_out`] follows the padded elements op by op — which
+//! dims carry them and whether they are still zero — and answers whether any reaches a real
+//! element. The search asks it before building a masked-loop candidate, so one that
+//! verification would reject costs no fingerprint; verification stays the judge of
+//! equivalence.
 
 use crate::block_graph::{BlockGraph, BlockOpKind};
 use crate::ops::{AccumKind, BinaryOp, UnaryOp};
@@ -57,11 +60,11 @@ fn keeps_zero(op: UnaryOp) -> bool {
     }
 }
 
-/// Whether no padded element of `bg`'s masked loop reaches a real element of a tile or an
-/// output (true for a graph without a masked loop).
-pub fn padding_stays_out(bg: &BlockGraph) -> bool {
+/// The padded elements of every tile of `bg` (op order), or None when padding reaches a
+/// real element; all clean for a graph without a masked loop.
+fn pads(bg: &BlockGraph) -> Option<Vec<Pad>> {
     if bg.loop_extent().is_none() {
-        return true;
+        return Some(vec![Pad::CLEAN; bg.ops().len()]);
     }
     let tiles = bg.tiles();
     let mut pads: Vec<Pad> = Vec::with_capacity(tiles.len());
@@ -82,7 +85,7 @@ pub fn padding_stays_out(bg: &BlockGraph) -> bool {
                 // a: [.., m, k], b: [.., k, n] (bits: k = 0 and m = 1 of a, n = 0 and k = 1 of b)
                 let (pa, pb) = (pads[*a], pads[*b]);
                 if (pa.has(0) || pb.has(1)) && !(pa.zero_along(0) || pb.zero_along(1)) {
-                    return false; // padding summed into every output element
+                    return None; // padding summed into every output element
                 }
                 let batch = (pa.dims | pb.dims) & !0b11;
                 let dims = batch | (pa.dims & 0b10) | (pb.dims & 0b1);
@@ -92,6 +95,21 @@ pub fn padding_stays_out(bg: &BlockGraph) -> bool {
                     (from_a & (1 << d) != 0 && pa.zero) || (from_b & (1 << d) != 0 && pb.zero)
                 });
                 Pad { dims, zero }
+            }
+            BlockOpKind::Unary {
+                op: UnaryOp::Exp,
+                x,
+            } if pads[*x].any() => {
+                // exp of padding is zero (printers fill −∞ before it): along one dim only,
+                // which printers mask by the loop's running index
+                let p = pads[*x];
+                if p.dims.count_ones() != 1 {
+                    return None;
+                }
+                Pad {
+                    dims: p.dims,
+                    zero: true,
+                }
             }
             BlockOpKind::Unary { op, x } => {
                 let p = pads[*x];
@@ -122,7 +140,7 @@ pub fn padding_stays_out(bg: &BlockGraph) -> bool {
                 let p = pads[*x];
                 let bit = rank - 1 - *dim as u32;
                 if p.has(bit) && !p.zero {
-                    return false;
+                    return None;
                 }
                 Pad {
                     dims: p.dims & !(1 << bit),
@@ -132,13 +150,13 @@ pub fn padding_stays_out(bg: &BlockGraph) -> bool {
             BlockOpKind::RmsNorm { x, .. } => {
                 let p = pads[*x];
                 if p.has(0) {
-                    return false; // the norm's mean would count the padding
+                    return None; // the norm's mean would count the padding
                 }
                 p
             }
             BlockOpKind::Concat { xs, .. } => {
                 if xs.iter().any(|&x| pads[x].any()) {
-                    return false;
+                    return None;
                 }
                 Pad::CLEAN
             }
@@ -146,17 +164,48 @@ pub fn padding_stays_out(bg: &BlockGraph) -> bool {
                 // iterations are summed: padding of the last one adds in unless it is zero
                 let p = pads[*x];
                 if p.any() && !p.zero {
-                    return false;
+                    return None;
                 }
                 if matches!(kind, AccumKind::Rms { .. }) && p.any() && !p.has(0) {
-                    return false; // rms_count covers padding along the last dim only
+                    return None; // rms_count covers padding along the last dim only
                 }
                 Pad::CLEAN
             }
         };
         pads.push(pad);
     }
-    bg.outputs().iter().all(|o| !pads[o.tile].any())
+    Some(pads)
+}
+
+/// Whether no padded element of `bg`'s masked loop reaches a real element of a tile or an
+/// output (true for a graph without a masked loop).
+pub fn padding_stays_out(bg: &BlockGraph) -> bool {
+    pads(bg).is_some_and(|p| bg.outputs().iter().all(|o| !p[o.tile].any()))
+}
+
+/// The exps of `bg` whose input carries the masked loop's padding, as (op index, tile
+/// dim): the dim's elements at or past the loop's extent (iteration `i` holds elements
+/// `i·t ..`, `t` the dim's size) are padding, which the exp maps to zero. Empty without a
+/// masked loop or when the padding reaches a real element.
+pub fn masked_exps(bg: &BlockGraph) -> Vec<(usize, usize)> {
+    let Some(pads) = pads(bg) else {
+        return Vec::new();
+    };
+    let tiles = bg.tiles();
+    bg.ops()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            BlockOpKind::Unary {
+                op: UnaryOp::Exp,
+                x,
+            } if pads[*x].any() => {
+                let rank = tiles[i].dims.len() as u32;
+                Some((i, (rank - 1 - pads[*x].dims.trailing_zeros()) as usize))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -199,9 +248,34 @@ mod tests {
     }
 
     #[test]
+    fn exp_of_padding_is_zero_along_the_walked_dim() {
+        let g = rms_linear(4099, 65, Some(UnaryOp::Exp));
+        assert!(padding_stays_out(&g));
+        // the exp is op 2 (after x and w); its tile [8, 64] is padded along dim 1
+        assert_eq!(masked_exps(&g), vec![(2, 1)]);
+        assert!(masked_exps(&rms_linear(4099, 65, Some(UnaryOp::Sigmoid))).is_empty());
+        assert!(masked_exps(&rms_linear(4096, 64, Some(UnaryOp::Exp))).is_empty());
+    }
+
+    #[test]
+    fn exp_of_padding_along_two_dims_is_refused() {
+        // x·xᵀ over a walked dim of x carries padding along both dims of the square
+        let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], 65, 1).unwrap();
+        let x = b.new_input(&[4099, 8], DType::F32, [-1; 3], 0).unwrap();
+        let xt = b.new_input(&[8, 4099], DType::F32, [-1; 3], 1).unwrap();
+        let sq = b.matmul(x, xt).unwrap();
+        let e = b.unary(UnaryOp::Exp, sq).unwrap();
+        let s = b.reduction(e, 1).unwrap();
+        let s = b.reduction(s, 0).unwrap();
+        let acc = b.forloop_accum(s, AccumKind::Iter).unwrap();
+        b.new_output(acc, [-1; 3]).unwrap();
+        assert!(!padding_stays_out(&b));
+        assert!(masked_exps(&b).is_empty());
+    }
+
+    #[test]
     fn padding_an_op_turns_nonzero_is_refused() {
         for op in [
-            UnaryOp::Exp,
             UnaryOp::Sigmoid,
             UnaryOp::AddScalar(1.0),
             UnaryOp::Clamp { lo: 1.0, hi: 2.0 },

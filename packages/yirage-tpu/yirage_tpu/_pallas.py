@@ -35,7 +35,9 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
   the extent: loads read zero past it, as the plan states, before any op sees them. Stores
   need no mask: Pallas drops the part of a partial output block past the array on a TPU,
   and interpret mode slices it off. A masked block obeys the tiling rule like any other
-  (only a whole dim is exempt); masked tiles with shifted partials are refused.
+  (only a whole dim is exempt); masked tiles with shifted partials are refused. An exp
+  over a masked loop's padding (the op's ``masked`` dim) is 0 there, its safe-softmax max
+  taken over the elements before the extent only.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from yirage.plugin import DeviceSpec
 __all__ = ["CODEGEN_VERSION", "PallasSource", "check_blocks", "generate_pallas"]
 
 #: Bumped whenever the printed text for the same plan changes (part of cache keys).
-CODEGEN_VERSION = "pallas-3"
+CODEGEN_VERSION = "pallas-4"
 #: Grid axis names in the printed index maps (the plan's block indices, then the loop).
 _AXES = ("bx", "by", "bz", "it")
 _JNP_DTYPE = {"float32": "jnp.float32", "float16": "jnp.float16", "bfloat16": "jnp.bfloat16"}
@@ -353,6 +355,8 @@ class _KernelPrinter:
         elif o.op == "unary":
             if self.group_of(o.id) is not None:
                 self.emit_safe_exp(o, args[0])
+            elif o.masked:  # exp of a masked loop's padding is 0 (the plan's semantics)
+                self.bind(o, f"jnp.where({self.loop_valid(o)}, jnp.exp({self.f32(args[0])}), 0.0)")
             else:
                 self.bind(o, _unary(o.attr("unop"), self.f32(args[0]), o.attrs.get("params", ())))
         elif o.op == "binary":
@@ -394,12 +398,23 @@ class _KernelPrinter:
                 return gi
         return None
 
+    def loop_valid(self, o: TileOp) -> str:
+        """Where exp ``o``'s elements lie before its masked loop's extent (``o.masked``)."""
+        m = o.masked[0]
+        return f"_in_bounds({tuple(o.dims)}, ({m.dim}, it * {o.dims[m.dim]}, {m.extent}))"
+
     def emit_safe_exp(self, o: TileOp, x: _Val) -> None:
         gi = self.group_of(o.id)
         assert gi is not None
         m = self.names[("m", gi)]
         xs = self.fresh("v")
         self.emit(f"{xs} = {self.f32(x)}")
+        valid = None
+        if o.masked:  # the padding past the loop's extent is -inf: out of the max, exp 0
+            valid = self.fresh("ok")
+            self.emit(f"{valid} = {self.loop_valid(o)}")
+            if o.masked[0].dim == len(o.dims) - 1:
+                self.emit(f"{xs} = jnp.where({valid}, {xs}, -jnp.inf)")
         rowmax = f"jnp.max({xs}, axis=-1, keepdims=True)"
         if o.phase == "loop":
             self.emit(f"mn{gi} = jnp.maximum({m}[...], {rowmax})")
@@ -410,7 +425,8 @@ class _KernelPrinter:
             self.emit(f"{m}[...] = mn{gi}")
         # x - m <= 0 exactly; the clamp keeps it so where a compiler recomputes x apart
         # from the max (ulps above 0 on scores ~1e8 would overflow the exp)
-        self.bind(o, f"jnp.exp(jnp.minimum({xs} - mn{gi}, 0.0))")
+        e = f"jnp.exp(jnp.minimum({xs} - mn{gi}, 0.0))"
+        self.bind(o, e if valid is None else f"jnp.where({valid}, {e}, 0.0)")
 
     # -- accumulators ----------------------------------------------------------------------
     def rescale(self, acc_id: int, current: str) -> str:

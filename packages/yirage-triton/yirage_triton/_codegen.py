@@ -24,6 +24,9 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
 * Masked edge tiles (an access's ``masked`` dims): loads and stores are also masked by the
   global index against the buffer's extent, so the last block reads zeros past it and
   writes nothing there (the plan's semantics; such dims are never reduced in the kernel).
+* An exp over a masked loop's padding (the op's ``masked`` dim) is 0 there: the printer
+  compares the loop's running index (``it * tile + lane``) with the extent, keeps those
+  elements out of a safe-softmax group's max (-inf) and zeroes the exp.
 * Padded lanes hold zeros after loads; the printer tracks which ops keep them zero and masks
   values (0 for sums and matmul contractions, -∞ for running maxima) before any reduction
   over a padded dim whose lanes may be non-zero.
@@ -72,7 +75,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-18"
+CODEGEN_VERSION = "triton-19"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -674,7 +677,7 @@ class _KernelPrinter:
         wide = buf.numel > _INT32_LIMIT
         terms = []
         masks = []
-        edge = {m.dim: m.extent for m in acc.masked}
+        edge = {m.dim: m for m in acc.masked}
         for d in range(rank):
             lanes = acc.tile[d] * (width if d == rank - 1 else 1)
             parts = []
@@ -698,7 +701,12 @@ class _KernelPrinter:
             if pdims[d] != lanes:
                 masks.append(_expand(f"tl.arange(0, {pdims[d]}) < {lanes}", d, rank))
             if d in edge:  # a masked edge tile: nothing past the buffer's extent
-                masks.append(_expand(f"{idx} < {edge[d]}", d, rank))
+                bound = [str(edge[d].extent)]
+                for t in getattr(edge[d], "base", ()):  # a folded batch's first row
+                    var = it if t.var == "iter" else t.var
+                    var = f"{var}.to(tl.int64)" if wide else var
+                    bound.append(f"{var} * {t.stride}")
+                masks.append(_expand(f"{idx} < {' + '.join(bound)}", d, rank))
         offs = " + ".join(terms) if terms else "0"
         ptr = f"buf{acc.buffer} + {offs}"
         if not terms or all(p == 1 for p in pdims):
@@ -916,12 +924,30 @@ class _KernelPrinter:
         scale = self.broadcast_operand(rv, out.dims, self.pdims[o.id])
         self.bind(o.id, f"{self.dot_expr(raw, None)} * (1.0 / ({scale}))", clean=clean)
 
+    def loop_valid(self, o: TileOp) -> tuple[int, str] | None:
+        """(dim, mask) of an exp over a masked loop's padding (``o.masked``): true where the
+        element lies before the loop's extent (and in the tile's lanes), else None."""
+        if not o.masked:
+            return None
+        m = o.masked[0]
+        pd = self.pdims[o.id]
+        ar = f"tl.arange(0, {pd[m.dim]})"
+        cond = f"(it * {o.dims[m.dim]} + {ar} < {m.extent})"
+        if pd[m.dim] != o.dims[m.dim]:
+            cond = f"{cond} & ({ar} < {o.dims[m.dim]})"
+        return m.dim, _expand(cond, m.dim, len(o.dims))
+
     def emit_unary(self, o: TileOp) -> None:
         x = self.vals[o.args[0]]
         name = o.attr("unop")
         p = o.attr("params")
         if o.id in self.group_of_exp:
             self.emit_safe_exp(o, x)
+            return
+        valid = self.loop_valid(o)
+        if valid is not None:  # exp of a masked loop's padding is 0 (the plan's semantics)
+            d, mask = valid
+            self.bind(o.id, f"tl.where({mask}, tl.exp({self.f32(x)}), 0.0)", clean={*x.clean, d})
             return
         if o.id in self.scale_folded:  # its exp multiplies by it (see emit_safe_exp)
             expr = f"({self.f32(x)} * {_fmt_float(float(p[0]))})"
@@ -1062,6 +1088,12 @@ class _KernelPrinter:
             self.emit(f"{xs} = {self.f32(x)}")
             xv = _Val(xs, x.dims, x.pdims, "float32", x.clean)
         xm = self.masked(xv, [r - 1], fill=_fmt_float(-math.inf), force=True)
+        valid = self.loop_valid(o)
+        if valid is not None and valid[0] == r - 1:
+            # the padding past a masked loop's extent is -inf: out of the max (a max over its
+            # zeros could sit far above every score and underflow each exp to 0 / 0); the
+            # mask covers the padded lanes too
+            xm = f"tl.where({valid[1]}, {xs}, {_fmt_float(-math.inf)})"
         rowmax = f"tl.max({xm}, axis={r - 1}, keep_dims=True)"
         if o.phase == "loop" and o.id not in self.invariant:
             self.emit(f"mn{gi} = tl.maximum(m{gi}, {rowmax})")
@@ -1072,7 +1104,11 @@ class _KernelPrinter:
         # x - m <= 0 exactly, but the compiler may recompute x for the exp apart from the
         # max (e.g. a score scale contracted into an FMA): with |x| ~ 1e8 that lands ulps of
         # 64 above 0, and the exp overflows. The clamp keeps the exact value.
-        self.bind(o.id, f"{exp}(tl.minimum({xs} - m{gi}, 0.0))")
+        e = f"{exp}(tl.minimum({xs} - m{gi}, 0.0))"
+        if valid is not None:  # exp of the padding is 0
+            self.bind(o.id, f"tl.where({valid[1]}, {e}, 0.0)", clean={*xv.clean, valid[0]})
+        else:
+            self.bind(o.id, e)
 
     def rescaled(self, acc_id: int, acc: str) -> str:
         for gi in self.groups_of_acc.get(acc_id, []):

@@ -7,17 +7,26 @@ attention prefill ran 6% slower on an H100) and makes Triton 3.6 assert on some 
 (a LinearLayout ``reshapeOuts`` check, "PassManager::run failed"). Row-major buffers
 ``[B, A, …]`` are the same memory as ``[B·A, …]``, so such a kernel is printed as a rank-2
 kernel over merged views of its buffers: a tile's batch offset becomes a row offset of
-``A`` rows per batch. The printer sees a plain 2-D kernel; nothing else changes (the host
+``A`` rows per batch (a masked row dim compares with the batch's own end, :class:`FoldedMask`).
+The printer sees a plain 2-D kernel; nothing else changes (the host
 code allocates and passes the plan's own buffers).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from yirage.plan import Buffer, GeneratedKernel, Plan, TileAccess, TileOp
+from yirage.plan import Buffer, GeneratedKernel, MaskedDim, OffsetTerm, Plan, TileAccess, TileOp
 
-__all__ = ["fold_unit_batch"]
+__all__ = ["FoldedMask", "fold_unit_batch"]
+
+
+@dataclass(frozen=True)
+class FoldedMask(MaskedDim):
+    """A masked row dim of a folded access: the merged row index ``batch·rows + row`` is
+    compared with ``extent + batch·rows`` (``base``: the batch's offset terms, in rows)."""
+
+    base: tuple[OffsetTerm, ...] = ()
 
 
 def _accesses(k: GeneratedKernel) -> list[TileAccess]:
@@ -40,8 +49,8 @@ def _foldable(plan: Plan, k: GeneratedKernel) -> bool:
         buf = plan.buffer(a.buffer)
         if len(a.tile) != rank or len(buf.dims) != rank or a.tile[0] != 1:
             return False
-        # an edge mask on the batch or the row dim compares an index the fold changes
-        if any(m.dim in (0, 1) for m in a.masked):
+        # an edge mask on the batch dim compares an index the fold merges away
+        if any(m.dim == 0 for m in a.masked):
             return False
     return True
 
@@ -50,7 +59,10 @@ def _fold_access(a: TileAccess, rows_of: dict[int, int]) -> TileAccess:
     rows = rows_of[a.buffer]
     batch = tuple(replace(t, stride=t.stride * rows) for t in a.offsets[0])
     offsets = (batch + a.offsets[1], *a.offsets[2:])
-    masked = tuple(replace(m, dim=m.dim - 1) for m in a.masked)
+    masked = tuple(
+        FoldedMask(0, m.extent, batch) if m.dim == 1 else replace(m, dim=m.dim - 1)
+        for m in a.masked
+    )
     shift = a.shift_load
     if shift is not None:
         shift = replace(shift, access=_fold_access(shift.access, rows_of))
@@ -61,7 +73,8 @@ def _fold_op(o: TileOp) -> TileOp:
     attrs = dict(o.attrs)
     if "dim" in attrs:
         attrs["dim"] = attrs["dim"] - 1
-    return replace(o, dims=o.dims[1:], attrs=attrs)
+    masked = tuple(replace(m, dim=m.dim - 1) for m in o.masked)
+    return replace(o, dims=o.dims[1:], attrs=attrs, masked=masked)
 
 
 def fold_unit_batch(plan: Plan, k: GeneratedKernel) -> tuple[Plan, GeneratedKernel]:

@@ -20,6 +20,7 @@ use crate::cost::{
 use crate::dtype::DType;
 use crate::error::{CoreError, Result};
 use crate::kernel_graph::{KernelGraph, KernelOpKind, TensorId};
+use crate::masked_loop::masked_exps;
 use crate::ops::{AccumKind, BinaryOp, UnaryOp};
 use crate::phase::Phase;
 use crate::shape::numel;
@@ -188,6 +189,11 @@ pub struct TileOp {
     /// its product straight into the accumulator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accumulate_into: Option<usize>,
+    /// An exp whose input carries a masked loop's padding along `dim`: in iteration `i` the
+    /// elements `i·dims[dim] + j ≥ extent` are padding, which the exp maps to zero (printers
+    /// fill −∞ there before the exp and its safe-softmax max).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked: Vec<MaskedDim>,
 }
 
 /// A safe-softmax group (see docs/kernel-plan.md).
@@ -898,6 +904,7 @@ fn generated_kernel(
             extent: None,
             dims: t.dims.clone(),
             accumulate_into: None,
+            masked: vec![],
             phase: match t.phase {
                 Phase::AfterLoop => "epilogue".into(),
                 Phase::LoopBody => {
@@ -998,6 +1005,11 @@ fn generated_kernel(
             }
         }
         plan_ops.push(o);
+    }
+    if let Some(extent) = bg.loop_extent() {
+        for (i, dim) in masked_exps(bg) {
+            plan_ops[i].masked = vec![MaskedDim { dim, extent }];
+        }
     }
     let mut outputs = vec![];
     for (j, out) in bg.outputs().iter().enumerate() {

@@ -788,22 +788,51 @@ fn a_prime_contraction_is_walked_by_a_masked_loop_where_zeros_stay_out() {
         })
         .expect("a fused candidate with a masked loop");
     check_numerics(&target, &fused.graph);
-    // attention over a prime kv: exp(0) = 1 past the extent would enter the sums, so no
-    // candidate's loop is masked there
+    // attention over a prime kv: the exp maps the padding past the extent to zero, so the
+    // fused attention walks kv with a masked loop too, and every masked candidate computes
+    // the target
     let target = attention(2, 16, 64, 1031);
     let r = run(
         &target,
         &DeviceSpec::h100(),
         &SearchConfig { top_k: 8, ..cfg() },
     );
-    assert!(!r.candidates.is_empty());
-    for c in &r.candidates {
-        assert!(
+    let masked: Vec<_> = r
+        .candidates
+        .iter()
+        .filter(|c| {
             customized(&c.graph)
                 .iter()
-                .all(|bg| bg.loop_extent().is_none()),
-            "{}",
-            c.label
-        );
+                .any(|bg| bg.loop_extent() == Some(1031))
+        })
+        .collect();
+    assert!(
+        masked.iter().any(|c| customized(&c.graph).len() == 1
+            && c.graph
+                .ops()
+                .iter()
+                .all(|op| !matches!(op.kind, KernelOpKind::Matmul { .. }))),
+        "no one-kernel attention with a masked loop"
+    );
+    for c in masked {
+        check_numerics(&target, &c.graph);
+        // the plan tells printers where the exp's padding lies: the kv dim of its tile
+        let plan = c.kernel_plan(&DeviceSpec::h100()).unwrap();
+        let exps: Vec<_> = plan
+            .kernels
+            .iter()
+            .filter_map(|k| match k {
+                crate::plan::PlanKernel::Generated(k) => Some(k),
+                _ => None,
+            })
+            .flat_map(|k| &k.ops)
+            .filter(|o| o.unop.as_deref() == Some("exp"))
+            .collect();
+        assert!(!exps.is_empty());
+        for o in exps {
+            assert_eq!(o.masked.len(), 1, "{}", c.label);
+            assert_eq!(o.masked[0].extent, 1031);
+            assert_eq!(o.masked[0].dim, o.dims.len() - 1);
+        }
     }
 }

@@ -4,11 +4,11 @@ reference, optional expert kernel, and shape presets.
 Presets: ``"gpu"`` is the full size in float16, ``"cpu"`` the reduced CPU size in
 float32, ``"model"`` / ``"model_bf16"`` model sizes (hidden 4096, GQA decode at kv 8192) in
 float32 / bfloat16 for CPUs, ``"model_ragged"`` (CPU) and ``"ragged_prime"`` (GPU) a prime
-hidden size (4099) no loop tile divides, ``"model_ragged_n"`` (CPU) an odd output size no
-block count divides; some workloads have further named presets (e.g.
-``"gpu_b1"``, ``"paper"``). The graph builder and the reference function take the same
-tensors in the same layout, so a benchmark can feed one set of inputs to yirage, to the
-reference (PyTorch eager or ``torch.compile``) and to the expert kernel.
+hidden size (4099) no loop tile divides (attention prefill: a prime prompt length),
+``"model_ragged_n"`` (CPU) an odd output size no block count divides; some workloads have
+further named presets (e.g. ``"gpu_b1"``, ``"paper"``). The graph builder and the reference
+function take the same tensors in the same layout, so a benchmark can feed one set of inputs
+to yirage, to the reference (PyTorch eager or ``torch.compile``) and to the expert kernel.
 
 Attention layout: the µGraph IR has no transpose, so GQA decode is expressed per KV head with
 the query heads that share it as rows: ``Q[b·kvh, g, d]`` (g = query heads per KV head),
@@ -440,6 +440,8 @@ WORKLOADS: dict[str, Workload] = {
                 "cpu": _prefill_shapes(64, float32, heads=2, d=64, kv=256),
                 "prefill_1024": _prefill_shapes(1024, float16),
                 "prefill_4096": _prefill_shapes(4096, float16),
+                # a prime prompt length: kv walked by a masked loop, the query rows masked
+                "ragged_prime": _prefill_shapes(4099, float16),
             },
             _gqa_graph,
             _gqa_ref,

@@ -180,6 +180,10 @@ class TileOp:
     #: matmuls: the ``iter`` accumulator (its only reader, same dims) that the product is
     #: added into directly; None: the product is a tile of its own
     accumulate_into: int | None = None
+    #: a loop exp whose input carries a masked loop's padding along ``masked[0].dim``: in
+    #: iteration ``it`` the elements ``it * dims[dim] + j >= extent`` are padding, which the
+    #: exp maps to zero (fill -inf before the exp and its safe-softmax max)
+    masked: tuple[MaskedDim, ...] = ()
 
     def attr(self, name: str) -> Any:
         return self.attrs[name]
@@ -553,7 +557,10 @@ def _parse_op(raw: Any, kname: str, n_inputs: int) -> TileOp:
         into = _int(into, where, "accumulate_into", 0)
         if kind != "matmul":
             raise _err(where, f"only matmuls accumulate into an accumulator (op is {kind!r})")
-    return TileOp(op_id, kind, args, dims, phase, attrs, into)
+    masked = _masked(raw.get("masked"), len(dims), where)
+    if masked and (attrs.get("unop") != "exp" or phase != "loop" or len(masked) != 1):
+        raise _err(where, "only a loop exp masks its padding, along one dim")
+    return TileOp(op_id, kind, args, dims, phase, attrs, into, masked)
 
 
 _PHASE_RANK = {"pre": 0, "loop": 1, "accum": 2, "epilogue": 3}
