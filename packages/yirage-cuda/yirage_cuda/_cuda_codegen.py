@@ -49,7 +49,7 @@ from yirage_triton import launcher_lines
 
 __all__ = ["CODEGEN_VERSION", "CudaCppOptions", "CudaCppSource", "generate_cuda"]
 
-CODEGEN_VERSION = "cudacpp-5"
+CODEGEN_VERSION = "cudacpp-6"
 
 
 @dataclass(frozen=True)

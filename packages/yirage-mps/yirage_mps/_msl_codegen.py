@@ -45,7 +45,7 @@ from yirage.plan import CodegenError, GeneratedKernel, Plan, TileOp, parse_plan
 
 __all__ = ["CODEGEN_VERSION", "MslOptions", "MslSource", "generate_msl"]
 
-CODEGEN_VERSION = "msl-2"
+CODEGEN_VERSION = "msl-3"
 
 
 @dataclass(frozen=True)

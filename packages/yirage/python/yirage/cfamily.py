@@ -13,10 +13,12 @@ degrees, ``scale_outputs`` stored shifted, the row max stored at ``shift_store``
 guard every global load and store of the access by the element's global index against the
 buffer's extent: a load reads zero past it, a store writes nothing there; the zeros then take
 part in every op like any tile element, as the IR defines them (the search masks only dims no
-op reduces). :class:`CFamilyPrinter` holds that structure; a dialect subclass says how the
-language spells types, conversions, math functions, barriers, warp reductions, the kernel
-signature and the shared-memory declaration, and may print tile matmuls and loads its own way
-(tensor-core MMA, ``simdgroup_matrix``, vector loads).
+op reduces). An exp over a masked loop's padding (the op's ``masked`` dim) is zero there, and a
+safe-softmax group's max leaves the padding out (:meth:`CFamilyPrinter.loop_valid`).
+:class:`CFamilyPrinter` holds that structure; a dialect subclass says how the language spells
+types, conversions, math functions, barriers, warp reductions, the kernel signature and the
+shared-memory declaration, and may print tile matmuls and loads its own way (tensor-core MMA,
+``simdgroup_matrix``, vector loads).
 """
 
 from __future__ import annotations
@@ -364,6 +366,13 @@ class CFamilyPrinter:
             return None
         return " && ".join(f"({c})" for c in conds) if len(conds) > 1 else conds[0]
 
+    def loop_valid(self, o: TileOp, j: str, it: str) -> str:
+        """For an exp over a masked loop's padding (``o.masked``): the condition that the
+        element at coordinate ``j`` of the masked dim lies before the loop's extent in
+        iteration ``it`` (the same index the masked loads' ``iter`` offsets use)."""
+        m = o.masked[0]
+        return f"{it} * {o.dims[m.dim]} + {j} < {m.extent}"
+
     def load_code(self, o: TileOp, slot: Slot, it: str) -> list[str]:
         acc = self.k.inputs[o.attr("input")]
         buf = self.plan.buffer(acc.buffer)
@@ -515,13 +524,14 @@ class CFamilyPrinter:
             return self.matmul_step(o)
         if kind == "unary":
             if o.id in self.group_of_exp:
-                return self.safe_exp_step(o)
+                return self.safe_exp_step(o, it)
             s = self.slot_for(o)
             x = args[0]
-            body = [
-                f"const float x = {x.read('i')};",
-                f"{s.name}[i] = {self.unary_expr(o.attr('unop'), 'x', o.attr('params'))};",
-            ]
+            expr = self.unary_expr(o.attr("unop"), "x", o.attr("params"))
+            if o.masked:  # exp of a masked loop's padding is 0 (its input counts as -inf)
+                j = coord("i", o.dims, o.masked[0].dim)
+                expr = f"({self.loop_valid(o, j, it)}) ? {expr} : 0.0f"
+            body = [f"const float x = {x.read('i')};", f"{s.name}[i] = {expr};"]
             return Step(lambda: self.loop(n, body), [s], [x])
         if kind == "binary":
             s = self.slot_for(o)
@@ -711,7 +721,7 @@ class CFamilyPrinter:
         return self.product_step(s, acc_id, lambda: self.loop(batch * m * nn, body), [a, b])
 
     # -- safe softmax -----------------------------------------------------------------------------
-    def safe_exp_step(self, o: TileOp) -> Step:
+    def safe_exp_step(self, o: TileOp, it: str) -> Step:
         gi = self.group_of_exp[o.id]
         x = self.slots[o.args[0]]
         xd = self.by_id[o.args[0]].dims
@@ -731,15 +741,23 @@ class CFamilyPrinter:
                 ]
             return [f"{m.name}[{r}] = {a};"]
 
+        pad = o.masked[0] if o.masked else None
+
+        def xmax(r: str, c: str) -> str:
+            v = x.read(f"{r} * {cols} + {c}")
+            if pad is not None and pad.dim == len(xd) - 1:
+                # a masked loop's padding is -inf in the max: a max over its zeros could lie
+                # far above every score and underflow each exp to 0 / 0
+                return f"({self.loop_valid(o, c, it)}) ? {v} : {self.NEG_INF}"
+            return v
+
         def code() -> list[str]:
-            out = self.row_reduce(
-                rows, cols, lambda r, c: x.read(f"{r} * {cols} + {c}"), result, op="max"
-            )
+            out = self.row_reduce(rows, cols, xmax, result, op="max")
             out.append(self.SYNC)
-            out += self.loop(
-                rows * cols,
-                [f"{s.name}[i] = {self.fn('exp')}({x.read('i')} - {m.name}[i / {cols}]);"],
-            )
+            e = f"{self.fn('exp')}({x.read('i')} - {m.name}[i / {cols}])"
+            if pad is not None:  # exp of the padding is 0
+                e = f"({self.loop_valid(o, coord('i', o.dims, pad.dim), it)}) ? {e} : 0.0f"
+            out += self.loop(rows * cols, [f"{s.name}[i] = {e};"])
             return out
 
         return Step(code, [s], [x, m, alpha])
