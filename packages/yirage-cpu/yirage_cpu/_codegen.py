@@ -55,6 +55,8 @@ How a generated kernel maps onto a CPU:
 * ``safe_softmax`` groups keep a running row max ``m``: ``exp(x - m)`` and each listed
   accumulator is rescaled by ``exp(m_old - m_new)`` before it adds; listed outputs are
   stored shifted and ``m`` is stored at the group's ``shift_store``;
+* an exp over a masked loop's padding (its ``masked`` dim) is 0 there, and a safe-softmax
+  exp's row max skips the padding, in the loop's last iteration (the only one with padding);
 * a ``shift_carry`` kernel (the reader of shifted partials) keeps a running row max ``M`` of
   the maxima of its shifted inputs (``shift_load``): before its first shifted tile it raises
   ``M`` to them and rescales the listed accumulators by ``exp(M_old - M_new)``; every shifted
@@ -100,7 +102,7 @@ __all__ = [
 PLAN_FORMAT = FORMAT
 PLAN_VERSION = VERSION
 #: Version of the printer; part of every compile-cache key.
-CODEGEN_VERSION = "13"
+CODEGEN_VERSION = "14"
 
 #: Private tiles of one block above this many bytes go to a per-thread heap scratch area.
 _STACK_LIMIT = 256 * 1024
@@ -830,7 +832,21 @@ class _KernelPrinter:
         out = self._private(oid, dims)
         self.tiles[oid] = out
         with self._nest(w, dims) as idx:
-            w(f"{out.at(idx)} = {unary_expr(name, params, x.at(idx))};")
+            val = unary_expr(name, params, x.at(idx))
+            valid = self._loop_valid(op, idx)
+            if valid is not None:  # the padding's exp is 0 (its input counts as -inf)
+                val = f"({valid}) ? {val} : 0.0f"
+            w(f"{out.at(idx)} = {val};")
+
+    def _loop_valid(self, op: TileOp, idx: Sequence[str]) -> str | None:
+        """For an exp over a masked loop's padding (``op.masked``), printed where padding can
+        be (the loop's last iteration; the ones before it read whole tiles): the condition
+        that element ``idx`` lies before the extent, ``iter * tile + j < extent``. The loads
+        read zeros there, and exp(0) would leak into the sums; None where nothing is padding."""
+        if not op.masked or self.before_last:
+            return None
+        m = op.masked[0]
+        return f"(int64_t)iter * {op.dims[m.dim]} + {idx[m.dim]} < {m.extent}"
 
     def _emit_safe_exp(self, w: _Writer, oid: int, x: _Tile) -> None:
         dims = x.dims
@@ -839,12 +855,25 @@ class _KernelPrinter:
         mx, sc = f"yr_m{oid}", f"yr_s{oid}"
         out = self._private(oid, dims)
         self.tiles[oid] = out
+        # a masked loop's padding (its last iteration, :meth:`_loop_valid`): the row's max
+        # and exp take its first yr_nv columns only; the padding's exp is 0 and it counts as
+        # -inf in the max (a max over its zeros could lie far above every score and
+        # underflow each exp to 0 / 0)
+        op = self.ops[oid]
+        pad = op.masked[0] if op.masked and not self.before_last else None
+        ncols = str(cols) if pad is None else "yr_nv"
+        if pad is not None and pad.dim == len(dims) - 1:
+            w(f"const int64_t yr_n = (int64_t){pad.extent} - (int64_t)iter * {cols};")
+            w(f"const int yr_nv = yr_n <= 0 ? 0 : (yr_n >= {cols} ? {cols} : (int)yr_n);")
         with self._nest(w, dims[:-1], simd=False) as ridx:
+            if pad is not None and pad.dim != len(dims) - 1:  # a padded row: every column
+                row_ok = self._loop_valid(op, [*ridx, "0"])
+                w(f"const int yr_nv = ({row_ok}) ? {cols} : 0;")
             r = self._lin(ridx, dims[:-1]) if rows > 1 else "0"
             xrow = x.off([*ridx, "0"])
             w("float yr_rm = -INFINITY;")
             w("#pragma omp simd reduction(max:yr_rm)")
-            with w.block(f"for (int j = 0; j < {cols}; ++j)"):
+            with w.block(f"for (int j = 0; j < {ncols}; ++j)"):
                 w(f"const float yr_v = {x.ptr}[{xrow} + j];")
                 w("yr_rm = yr_v > yr_rm ? yr_v : yr_rm;")
             w(f"const float yr_mo = {mx}[{r}];")
@@ -854,7 +883,10 @@ class _KernelPrinter:
             orow = out.off([*ridx, "0"])
             w("#pragma omp simd")
             with w.block(f"for (int j = 0; j < {cols}; ++j)"):
-                w(f"{out.ptr}[{orow} + j] = yr_exp({x.ptr}[{xrow} + j] - yr_mn);")
+                e = f"yr_exp({x.ptr}[{xrow} + j] - yr_mn)"
+                if pad is not None:
+                    e = f"j < yr_nv ? {e} : 0.0f"
+                w(f"{out.ptr}[{orow} + j] = {e};")
 
     def _emit_binary(self, w: _Writer, oid: int, op: TileOp) -> None:
         a = self.tiles[op.args[0]]
