@@ -88,6 +88,8 @@ impl Uf {
 #[derive(Debug, Clone, Default)]
 struct ClassInfo {
     extent: usize,
+    /// The last (contiguous) dim of an input or an output of the kernel.
+    contiguous: bool,
     contracted: bool,
     matrix: bool,
     chunk: Option<usize>,
@@ -255,6 +257,11 @@ fn analyse(prog: &BlockProgram, ins: &[KIn]) -> Option<Analysis> {
             classes[c].no_grid = true;
         }
     }
+    for t in (0..prog.n_inputs).chain(prog.outputs.iter().copied()) {
+        if let Some(&Some(c)) = cls[t].last() {
+            classes[c].contiguous = true;
+        }
+    }
     for (k, kin) in ins.iter().enumerate() {
         if let Some((d, s)) = kin.chunks {
             let c = cls[k][d]?;
@@ -284,13 +291,15 @@ fn pow2_divisors(extent: usize, max: usize) -> impl Iterator<Item = usize> {
 /// latter only with `pow2_tiles`, i.e. for GPUs). With `masked` (a free class, see
 /// [`masked_parts`]; for CPUs [`masked_counts`]) also the counts of masked edge tiles: a
 /// CPU's free dim that no power-of-two count divides (N = 6151) is otherwise one block on
-/// one thread.
+/// one thread. With `rows` (a masked GPU dim no tensor of the kernel is contiguous along)
+/// also [`masked_row_parts`].
 fn grid_parts(
     extent: usize,
     max: usize,
     min_tile: usize,
     pow2_tiles: bool,
     masked: bool,
+    rows: bool,
 ) -> Vec<usize> {
     let mut v: Vec<usize> = pow2_divisors(extent, max).collect();
     if pow2_tiles {
@@ -304,6 +313,9 @@ fn grid_parts(
     v.retain(|&p| extent / p >= min_tile);
     if masked && pow2_tiles {
         v.extend(masked_parts(extent, max, min_tile));
+        if rows {
+            v.extend(masked_row_parts(extent, max, min_tile));
+        }
     } else if masked {
         v.extend(masked_counts(extent, max, min_tile));
     }
@@ -327,6 +339,29 @@ fn masked_parts(extent: usize, max: usize, min_tile: usize) -> impl Iterator<Ite
         .filter(move |&(t, p)| extent.div_ceil(p) == t && (2..=max).contains(&p))
         .map(|(_, p)| p)
 }
+
+/// Part counts `p = ceil(extent / t)` for matrix tiles `t` up to [`ROW_TILE_MAX`] whose
+/// blocks own `ceil(extent / p) < t` rows, the last one partial and masked (4099 → 33 blocks
+/// of 125, printed in tiles of 128): for a dim no tensor is contiguous along, where a block
+/// starting at any row reads whole rows, so the tile need not be a power of two (attention's
+/// query rows get the 128-row tiles of their divisible neighbour, not 64).
+fn masked_row_parts(extent: usize, max: usize, min_tile: usize) -> impl Iterator<Item = usize> {
+    (0..usize::BITS)
+        .map(|i| 1usize << i)
+        .skip_while(move |&t| t < min_tile.max(MIN_MATRIX_TILE))
+        .take_while(move |&t| t <= ROW_TILE_MAX && t < extent)
+        .map(move |t| extent.div_ceil(t))
+        .filter(move |&p| {
+            let t = extent.div_ceil(p);
+            extent % p != 0
+                && !t.is_power_of_two()
+                && (p - 1) * t < extent
+                && (2..=max).contains(&p)
+        })
+}
+
+/// The widest tile [`masked_row_parts`] rounds up to.
+const ROW_TILE_MAX: usize = 128;
 
 /// Power-of-two part counts `p` that do not divide `extent`, for CPUs: blocks of
 /// `ceil(extent / p)` (≥ `max(min_tile, MIN_MATRIX_TILE)`), the last one partial and masked
@@ -723,7 +758,15 @@ fn pattern_kinds(c: &ClassInfo, max_blocks: usize, gpu: bool, masks: bool) -> Ve
     }
     let min_tile = if c.matrix { MIN_MATRIX_TILE } else { 1 };
     let grid_ok = !c.no_grid
-        && !grid_parts(c.extent, max_blocks, min_tile, gpu, masks && !c.contracted).is_empty();
+        && !grid_parts(
+            c.extent,
+            max_blocks,
+            min_tile,
+            gpu,
+            masks && !c.contracted,
+            !c.contiguous,
+        )
+        .is_empty();
     let loop_ok = c.contracted && c.extent >= 2 * LOOP_TILE.0;
     let mut v = vec![Kind::Whole];
     if grid_ok {
@@ -1000,14 +1043,21 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                             vec![]
                         }
                     }
-                    Kind::Grid => grid_parts(info.extent, max_blocks, min_tile, gpu, masks && free)
-                        .into_iter()
-                        .map(|p| Assign {
-                            parts: p,
-                            loopy: false,
-                        })
-                        .collect(),
-                    Kind::GridLoop => grid_parts(info.extent, max_blocks, 1, gpu, false)
+                    Kind::Grid => grid_parts(
+                        info.extent,
+                        max_blocks,
+                        min_tile,
+                        gpu,
+                        masks && free,
+                        !info.contiguous,
+                    )
+                    .into_iter()
+                    .map(|p| Assign {
+                        parts: p,
+                        loopy: false,
+                    })
+                    .collect(),
+                    Kind::GridLoop => grid_parts(info.extent, max_blocks, 1, gpu, false, false)
                         .into_iter()
                         .filter(|&p| info.extent % (p * f) == 0 && loop_ok(info.extent / (p * f)))
                         .map(|p| Assign {
@@ -1470,20 +1520,28 @@ mod tests {
         }
         // 40 rows: 3 blocks would get tiles of 14, below the matrix tile
         assert_eq!(masked_parts(40, 528, 16).count(), 0);
+        // a dim no tensor is contiguous along also gets blocks just under a matrix tile
+        let rows: Vec<usize> = masked_row_parts(4099, 528, 16).collect();
+        assert_eq!(rows, vec![33]); // 125 rows (257, 129, 65 blocks get power-of-two tiles)
+        assert!(grid_parts(4099, 528, 16, true, true, true).contains(&33));
+        assert!(!grid_parts(4099, 528, 16, true, true, false).contains(&33));
         assert_eq!(masked_parts(300, 528, 16).collect::<Vec<_>>(), vec![19]);
         // only free classes get them, on GPUs and CPUs alike
-        assert!(grid_parts(5000, 528, 16, true, true).contains(&313));
-        assert!(!grid_parts(5000, 528, 16, true, false).contains(&313));
+        assert!(grid_parts(5000, 528, 16, true, true, false).contains(&313));
+        assert!(!grid_parts(5000, 528, 16, true, false, false).contains(&313));
         // CPUs: power-of-two counts, the last block partial
-        assert_eq!(grid_parts(6151, 64, 16, false, false), Vec::<usize>::new());
         assert_eq!(
-            grid_parts(6151, 64, 16, false, true),
+            grid_parts(6151, 64, 16, false, false, false),
+            Vec::<usize>::new()
+        );
+        assert_eq!(
+            grid_parts(6151, 64, 16, false, true, false),
             vec![2, 4, 8, 16, 32, 64]
         );
-        assert_eq!(grid_parts(40, 64, 16, false, true), vec![2]);
+        assert_eq!(grid_parts(40, 64, 16, false, true, false), vec![2]);
         assert_eq!(
-            grid_parts(4096, 528, 16, true, true),
-            grid_parts(4096, 528, 16, true, false)
+            grid_parts(4096, 528, 16, true, true, false),
+            grid_parts(4096, 528, 16, true, false, false)
         );
     }
 }

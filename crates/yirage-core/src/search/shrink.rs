@@ -40,7 +40,7 @@ use super::budget::{eval_work, CheckClock, SMALL_WORK};
 
 /// Smallest reduced extent of a free dim that no tile constrains.
 const MIN_ROWS: usize = 32;
-/// Reduced extents are multiples of this (and of every tile of the dim).
+/// Reduced extents of a dim no tile constrains are multiples of this (else of its tiles).
 const ROW_STEP: usize = 16;
 /// Reduced extent of a dim every block owns one index of (heads, batch): its blocks'
 /// arithmetic is exercised by a few of them, and attention's work shrinks with it.
@@ -354,7 +354,9 @@ fn plan(g: &KernelGraph, target: &Target) -> Option<Plan> {
         let (lcm, floor) = if per_block {
             (1, PER_BLOCK_MIN)
         } else {
-            let lcm = tiles[c].iter().fold(ROW_STEP, |a, &t| a / gcd(a, t) * t);
+            // a multiple of the dim's tiles only (a masked 125-row tile: 250, not 2000)
+            let base = if tiles[c].is_empty() { ROW_STEP } else { 1 };
+            let lcm = tiles[c].iter().fold(base, |a, &t| a / gcd(a, t) * t);
             let floor = tiles[c].iter().map(|t| 2 * t).max().unwrap_or(0);
             (lcm, floor.max(MIN_ROWS))
         };
