@@ -26,7 +26,9 @@ Printing rules (docs/kernel-plan.md gives the plan semantics):
   writes nothing there (the plan's semantics; such dims are never reduced in the kernel).
 * An exp over a masked loop's padding (the op's ``masked`` dim) is 0 there: the printer
   compares the loop's running index (``it * tile + lane``) with the extent, keeps those
-  elements out of a safe-softmax group's max (-inf) and zeroes the exp.
+  elements out of a safe-softmax group's max (-inf) and zeroes the exp. A masked loop is
+  printed as the iterations before its last, without these masks (their tiles are whole),
+  then the last iteration with them (a split loop keeps the masks in every iteration).
 * Padded lanes hold zeros after loads; the printer tracks which ops keep them zero and masks
   values (0 for sums and matmul contractions, -∞ for running maxima) before any reduction
   over a padded dim whose lanes may be non-zero.
@@ -372,6 +374,8 @@ class _KernelPrinter:
             if acc.buffer not in self.params:
                 self.params.append(acc.buffer)
         self.invariant = self.k.invariant_ops()
+        # printing a masked loop's iterations before its last: every walked tile is whole
+        self.whole_iters = False
         # accum id -> matmul id fused into tl.dot(a, b, acc) (the plan's accumulate_into)
         self.fused = {
             acc: mm for acc, mm in k.fused_accums().items() if self.pdims[mm] == self.pdims[acc]
@@ -700,7 +704,8 @@ class _KernelPrinter:
             terms.append(_expand(f"{idx} * {stride}" if stride != 1 else idx, d, rank))
             if pdims[d] != lanes:
                 masks.append(_expand(f"tl.arange(0, {pdims[d]}) < {lanes}", d, rank))
-            if d in edge:  # a masked edge tile: nothing past the buffer's extent
+            walked = any(t.var == "iter" and t.stride for t in acc.offsets[d])
+            if d in edge and not (walked and self.whole_iters):  # nothing past the extent
                 bound = [str(edge[d].extent)]
                 for t in getattr(edge[d], "base", ()):  # a folded batch's first row
                     var = it if t.var == "iter" else t.var
@@ -927,7 +932,7 @@ class _KernelPrinter:
     def loop_valid(self, o: TileOp) -> tuple[int, str] | None:
         """(dim, mask) of an exp over a masked loop's padding (``o.masked``): true where the
         element lies before the loop's extent (and in the tile's lanes), else None."""
-        if not o.masked:
+        if not o.masked or self.whole_iters:
             return None
         m = o.masked[0]
         pd = self.pdims[o.id]
@@ -1379,9 +1384,25 @@ class _KernelPrinter:
         for o in before:
             self.emit_compute(o, "0")
         self._emit_init_accums()
-        self._emit_loop(loop_ops, "0", k.forloop_range, self.stages())
+        if self._loop_masked() and k.forloop_range > 1:
+            # a masked loop: the iterations before the last read whole tiles, unmasked; the
+            # last one masks its loads and its exps' padding
+            self.whole_iters = True
+            self._emit_loop(loop_ops, "0", k.forloop_range - 1, self.stages())
+            self.whole_iters = False
+            self._emit_loop(loop_ops, str(k.forloop_range - 1), 1, self.stages())
+        else:
+            self._emit_loop(loop_ops, "0", k.forloop_range, self.stages())
         self._emit_finish(after)
         return head + self.lines
+
+    def _loop_masked(self) -> bool:
+        """Whether the loop is masked: an input masks a dim the loop walks."""
+        return any(
+            any(t.var == "iter" and t.stride for t in a.offsets[m.dim])
+            for a in self.k.inputs
+            for m in a.masked
+        )
 
     # -- split loop (split-K / flash-decoding) -----------------------------------------------
     def records(self) -> list[tuple[str, tuple[int, ...]]]:
