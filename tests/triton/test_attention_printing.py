@@ -135,7 +135,8 @@ def test_base_two_scores_match_float64_at_large_scales() -> None:
 def test_a_unit_batch_dim_is_folded_into_the_rows() -> None:
     """Tiles [1, rows, d] of [B, A, d] buffers print as 2-D tiles of [B·A, d] views: no
     reshape around the dots, the batch offset A rows per batch (run against float64 in
-    the interpreter over three batches); a masked row dim keeps the 3-D printing."""
+    the interpreter over three batches); a masked row dim folds too, its mask compared with
+    its own batch's end; a masked batch dim keeps the 3-D printing."""
     from yirage.plan import MaskedDim, parse_plan
     from yirage_triton import generate_triton
     from yirage_triton._fold import fold_unit_batch
@@ -154,6 +155,13 @@ def test_a_unit_batch_dim_is_folded_into_the_rows() -> None:
     (want,) = case.reference(*xs)
     got, _ = _run(case, xs)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
-    edge = replace(k.inputs[0], masked=(MaskedDim(1, 15),))
-    masked = replace(k, inputs=(edge, *k.inputs[1:]))
-    assert fold_unit_batch(plan, masked) == (plan, masked)
+    from yirage_triton._fold import FoldedMask
+
+    edge = replace(k.inputs[0], masked=(MaskedDim(1, 16),))
+    _, rows = fold_unit_batch(plan, replace(k, inputs=(edge, *k.inputs[1:])))
+    (m,) = rows.inputs[0].masked
+    assert isinstance(m, FoldedMask) and (m.dim, m.extent) == (0, 16)
+    assert [(t.var, t.stride) for t in m.base] == [("bx", 16)]  # 16 rows per batch
+    edge = replace(k.inputs[0], masked=(MaskedDim(0, 3),))
+    batch = replace(k, inputs=(edge, *k.inputs[1:]))
+    assert fold_unit_batch(plan, batch) == (plan, batch)

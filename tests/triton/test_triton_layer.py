@@ -52,6 +52,7 @@ ALL_NAMES = {
     "triton_fine_deep",
     "triton_split_scaled",
     "triton_scaled",
+    "triton_aligned",
 }
 
 

@@ -43,6 +43,7 @@ from yirage.plugin import (
 )
 from yirage_triton import _toolchain
 from yirage_triton._codegen import TritonOptions, TritonSource, generate_triton
+from yirage_triton._align import misaligned_inputs
 from yirage_triton._host import is_library_plan
 from yirage_triton._runtime import (
     Launcher,
@@ -378,6 +379,10 @@ class TritonBackend(Backend):
             base = out.get("triton_split", topts)
             scaled = "triton_split_scaled" if "triton_split" in out else "triton_scaled"
             out[scaled] = dataclasses.replace(base, scale_after_dot=True)
+        # misaligned input rows staged into padded copies (see _align): only where kernels
+        # reread such an input does the copy pay, which the race measures
+        if live and misaligned_inputs(plan) and t.tries("aligned"):
+            out["triton_aligned"] = dataclasses.replace(topts, align_rows=True)
         # the baseline as PyTorch eager runs it (16-bit intermediates; see _host)
         if is_library_plan(plan):
             out["triton_eager"] = dataclasses.replace(topts, eager_library=True)

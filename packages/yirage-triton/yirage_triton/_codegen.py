@@ -69,6 +69,7 @@ from yirage.plan import (
     TileOp,
     parse_plan,
 )
+from yirage_triton._align import misaligned_inputs, padded_view
 from yirage_triton._fold import fold_unit_batch
 from yirage_triton._host import fmt_float as _fmt_float
 from yirage_triton._host import launcher_lines
@@ -165,6 +166,8 @@ class TritonOptions:
     in ``KERNELS`` (AMD: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``).
     ``eager_library``: a plan of library kernels alone runs as PyTorch eager runs the graph (see
     :mod:`yirage_triton._host`); the backend profiles it as a variant of its own.
+    ``align_rows``: graph inputs whose rows are no multiple of 16 bytes are copied into
+    row-padded buffers first, which the kernels read (see :mod:`yirage_triton._align`).
     ``exact_softmax_shift``: kernels with a safe-softmax group or a shift carry are compiled
     without multiply-add contraction (``enable_fp_fusion=False``; for Triton backends that
     have the option): contracted, ``s * c - max(s * c)`` is ``fma(s, c, -max)``, which at
@@ -189,6 +192,7 @@ class TritonOptions:
     launch_options: tuple[tuple[str, int], ...] = ()
     eager_library: bool = False
     exact_softmax_shift: bool = False
+    align_rows: bool = False
 
     def key(self) -> str:
         key = (
@@ -207,6 +211,8 @@ class TritonOptions:
             key += ";eager"
         if self.exact_softmax_shift:
             key += ";exactshift"
+        if self.align_rows:
+            key += ";align"
         return key
 
 
@@ -1645,6 +1651,8 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
     printers: dict[str, _KernelPrinter] = {}
     splits = dict(opts.split_loop)
     fine = dict(opts.subtile)
+    rows = misaligned_inputs(p) if opts.align_rows else {}
+    padded = padded_view(p, rows)
     for k in p.generated:
         if fine.get(k.name, 1) > 1:
             cut = subtile_kernel(k, fine[k.name])
@@ -1654,7 +1662,7 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                     "(something other than a sum over the loop reads them)"
                 )
             k = cut
-        view, k = fold_unit_batch(p, k)
+        view, k = fold_unit_batch(padded, k)
         pr = _KernelPrinter(view, k, opts)
         n_split = splits.get(k.name, 1)
         info = {
@@ -1703,7 +1711,9 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
                 return f"{name}.warmup({args}, {kw}, grid={grid})"
             return f"{name}[{grid}]({args}, {kw})"
 
-        args = ", ".join(names[b] for b in printers[k.name].params)
+        args = ", ".join(
+            f"{names[b]}_al" if b in rows else names[b] for b in printers[k.name].params
+        )
         extra = ", launch_pdl=True" if opts.pdl else ""
         extra += "".join(f", {name}={value!r}" for name, value in opts.launch_options)
         if _exact_shift(k, opts):
@@ -1755,6 +1765,25 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
     def warm_line(k: GeneratedKernel, names: dict[int, str]) -> list[str]:
         return launch_line(k, names, warm=True)
 
-    out += ["", *launcher_lines(p, launch_line, eager_library=opts.eager_library), ""]
-    out += ["", *launcher_lines(p, warm_line, warmup=True), ""]
+    def staged(copy: bool) -> list[str]:
+        """The row-padded copies of misaligned inputs (``align_rows``)."""
+        lines = []
+        for bid, row in rows.items():
+            b = p.buffer(bid)
+            name = f"buf{bid}"
+            shape = (*b.dims[:-1], row)
+            lines.append(
+                f"{name}_al = torch.empty({shape}, dtype={name}.dtype, device=dev)"
+                f"[..., :{b.dims[-1]}]  # rows padded to 16 bytes"
+            )
+            if copy:
+                lines.append(f"{name}_al.copy_({name})")
+        return lines
+
+    out += [
+        "",
+        *launcher_lines(p, launch_line, eager_library=opts.eager_library, prologue=staged(True)),
+        "",
+    ]
+    out += ["", *launcher_lines(p, warm_line, warmup=True, prologue=staged(False)), ""]
     return TritonSource("\n".join(out), p, opts, tuple(printers))

@@ -24,7 +24,7 @@ printing passes them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from yirage.plan import CodegenError, GeneratedKernel, LibraryKernel, Plan
 
@@ -186,12 +186,13 @@ def launcher_lines(
     *,
     warmup: bool = False,
     eager_library: bool = False,
+    prologue: Sequence[str] = (),
 ) -> list[str]:
     """``def launch(inputs)`` for ``plan``; ``launch_line`` prints one generated kernel's launch.
     With ``warmup``: ``def warmup(inputs)``, which allocates the library kernels' outputs
     instead of running them (``launch_line`` then prints compile-only calls). With
     ``eager_library`` a plan of library kernels alone whose inputs share one dtype runs
-    eagerly (see the module doc)."""
+    eagerly (see the module doc). ``prologue``: lines run once the inputs are bound."""
     names = {b.id: f"buf{b.id}" for b in plan.buffers}
     doc = (
         "Compile the generated kernels for ``inputs``; runs nothing."
@@ -205,6 +206,7 @@ def launcher_lines(
         body.append(f"dev = {ins[0]}.device")
     else:
         body.append("dev = torch.device('cuda', torch.cuda.current_device())")
+    body += prologue
     allocated = {b.id for b in plan.inputs}
     eager = eager_library and is_library_plan(plan)
     for k in plan.kernels:

@@ -17,8 +17,11 @@ __all__ = ["VARIANT_FAMILIES", "TritonTarget"]
 #: as many ways, ``deep`` deeper pipelines ("triton_deep", "triton_split_deep"), ``fine``
 #: finer loop chunks under deeper pipelines ("triton_fine", "triton_fine_deep"), ``scaled``
 #: a normalised dot operand multiplied raw and the product scaled ("triton_scaled" /
-#: "triton_split_scaled").
-VARIANT_FAMILIES = frozenset({"split", "split_half", "split_quarter", "deep", "fine", "scaled"})
+#: "triton_split_scaled"), ``aligned`` misaligned input rows staged into padded copies
+#: ("triton_aligned").
+VARIANT_FAMILIES = frozenset(
+    {"split", "split_half", "split_quarter", "deep", "fine", "scaled", "aligned"}
+)
 
 
 @dataclass(frozen=True)
