@@ -42,8 +42,8 @@ from yirage.plugin import (
     get_logger,
 )
 from yirage_triton import _toolchain
-from yirage_triton._codegen import TritonOptions, TritonSource, generate_triton
 from yirage_triton._align import misaligned_inputs
+from yirage_triton._codegen import TritonOptions, TritonSource, generate_triton
 from yirage_triton._host import is_library_plan
 from yirage_triton._runtime import (
     Launcher,
