@@ -25,7 +25,9 @@
 //!   loop is *masked* at `E` ([`BlockGraph::loop_extent`]): the last iteration's tile runs
 //!   past the tensor and its elements there read as zero. Every dim the loop walks then has
 //!   extent `E` and is split by no grid axis. A sum over the walked dim gains only zeros; an
-//!   op that maps zero elsewhere (an exp) computes something else, which verification sees.
+//!   op that maps zero elsewhere (a sigmoid) computes something else, which verification
+//!   sees. An exp of padding (along one dim) is zero, as if the padding were −∞
+//!   ([`crate::masked_loop::masked_exps`]), so a softmax over the walked dim stays exact.
 //! * `omap[a]`: output dim along which block index a places its tile. Every axis with
 //!   `grid_dim[a] > 1` needs a distinct dim (-1 would make blocks overwrite each other);
 //!   entries of axes with `grid_dim[a] == 1` are stored as -1.

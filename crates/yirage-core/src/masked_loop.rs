@@ -60,13 +60,15 @@ fn keeps_zero(op: UnaryOp) -> bool {
     }
 }
 
-/// The padded elements of every tile of `bg` (op order), or None when padding reaches a
-/// real element; all clean for a graph without a masked loop.
-fn pads(bg: &BlockGraph) -> Option<Vec<Pad>> {
+/// The padded elements of every tile of `bg` (op order), and whether padding reaches a real
+/// element (an op past that point is still followed, its padding then counted non-zero);
+/// all clean for a graph without a masked loop.
+fn pads(bg: &BlockGraph) -> (Vec<Pad>, bool) {
     if bg.loop_extent().is_none() {
-        return Some(vec![Pad::CLEAN; bg.ops().len()]);
+        return (vec![Pad::CLEAN; bg.ops().len()], false);
     }
     let tiles = bg.tiles();
+    let mut leak = false;
     let mut pads: Vec<Pad> = Vec::with_capacity(tiles.len());
     for (i, op) in bg.ops().iter().enumerate() {
         let rank = tiles[i].dims.len() as u32;
@@ -85,7 +87,7 @@ fn pads(bg: &BlockGraph) -> Option<Vec<Pad>> {
                 // a: [.., m, k], b: [.., k, n] (bits: k = 0 and m = 1 of a, n = 0 and k = 1 of b)
                 let (pa, pb) = (pads[*a], pads[*b]);
                 if (pa.has(0) || pb.has(1)) && !(pa.zero_along(0) || pb.zero_along(1)) {
-                    return None; // padding summed into every output element
+                    leak = true; // padding summed into every output element
                 }
                 let batch = (pa.dims | pb.dims) & !0b11;
                 let dims = batch | (pa.dims & 0b10) | (pb.dims & 0b1);
@@ -101,14 +103,13 @@ fn pads(bg: &BlockGraph) -> Option<Vec<Pad>> {
                 x,
             } if pads[*x].any() => {
                 // exp of padding is zero (printers fill −∞ before it): along one dim only,
-                // which printers mask by the loop's running index
+                // which printers mask by the loop's running index; along more, exp(0) = 1
                 let p = pads[*x];
-                if p.dims.count_ones() != 1 {
-                    return None;
-                }
+                let one = p.dims.count_ones() == 1;
+                leak |= !one;
                 Pad {
                     dims: p.dims,
-                    zero: true,
+                    zero: one,
                 }
             }
             BlockOpKind::Unary { op, x } => {
@@ -139,9 +140,7 @@ fn pads(bg: &BlockGraph) -> Option<Vec<Pad>> {
             BlockOpKind::Reduction { x, dim } | BlockOpKind::ReductionToDimx { x, dim } => {
                 let p = pads[*x];
                 let bit = rank - 1 - *dim as u32;
-                if p.has(bit) && !p.zero {
-                    return None;
-                }
+                leak |= p.has(bit) && !p.zero;
                 Pad {
                     dims: p.dims & !(1 << bit),
                     zero: p.zero,
@@ -149,48 +148,40 @@ fn pads(bg: &BlockGraph) -> Option<Vec<Pad>> {
             }
             BlockOpKind::RmsNorm { x, .. } => {
                 let p = pads[*x];
-                if p.has(0) {
-                    return None; // the norm's mean would count the padding
-                }
+                leak |= p.has(0); // the norm's mean would count the padding
                 p
             }
             BlockOpKind::Concat { xs, .. } => {
-                if xs.iter().any(|&x| pads[x].any()) {
-                    return None;
-                }
+                leak |= xs.iter().any(|&x| pads[x].any());
                 Pad::CLEAN
             }
             BlockOpKind::ForloopAccum { x, kind } => {
                 // iterations are summed: padding of the last one adds in unless it is zero
                 let p = pads[*x];
-                if p.any() && !p.zero {
-                    return None;
-                }
-                if matches!(kind, AccumKind::Rms { .. }) && p.any() && !p.has(0) {
-                    return None; // rms_count covers padding along the last dim only
-                }
+                leak |= p.any() && !p.zero;
+                // rms_count covers padding along the last dim only
+                leak |= matches!(kind, AccumKind::Rms { .. }) && p.any() && !p.has(0);
                 Pad::CLEAN
             }
         };
         pads.push(pad);
     }
-    Some(pads)
+    (pads, leak)
 }
 
 /// Whether no padded element of `bg`'s masked loop reaches a real element of a tile or an
 /// output (true for a graph without a masked loop).
 pub fn padding_stays_out(bg: &BlockGraph) -> bool {
-    pads(bg).is_some_and(|p| bg.outputs().iter().all(|o| !p[o.tile].any()))
+    let (pads, leak) = pads(bg);
+    !leak && bg.outputs().iter().all(|o| !pads[o.tile].any())
 }
 
-/// The exps of `bg` whose input carries the masked loop's padding, as (op index, tile
-/// dim): the dim's elements at or past the loop's extent (iteration `i` holds elements
-/// `i·t ..`, `t` the dim's size) are padding, which the exp maps to zero. Empty without a
-/// masked loop or when the padding reaches a real element.
+/// The exps of `bg` whose input carries the masked loop's padding along one dim, as (op
+/// index, tile dim): the dim's elements at or past the loop's extent (iteration `i` holds
+/// elements `i·t ..`, `t` the dim's size) are padding, which the exp maps to zero. Empty
+/// without a masked loop.
 pub fn masked_exps(bg: &BlockGraph) -> Vec<(usize, usize)> {
-    let Some(pads) = pads(bg) else {
-        return Vec::new();
-    };
+    let (pads, _) = pads(bg);
     let tiles = bg.tiles();
     bg.ops()
         .iter()
@@ -199,7 +190,7 @@ pub fn masked_exps(bg: &BlockGraph) -> Vec<(usize, usize)> {
             BlockOpKind::Unary {
                 op: UnaryOp::Exp,
                 x,
-            } if pads[*x].any() => {
+            } if pads[*x].dims.count_ones() == 1 => {
                 let rank = tiles[i].dims.len() as u32;
                 Some((i, (rank - 1 - pads[*x].dims.trailing_zeros()) as usize))
             }
