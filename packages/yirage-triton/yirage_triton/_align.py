@@ -7,8 +7,10 @@ K, read by every query tile) slows down by half (kv 4099 against 4104 on an H200
 against 661 µs). Where :attr:`~yirage_triton.TritonOptions.align_rows` is set, the launcher
 copies such an input once into a buffer whose rows are padded to 16 bytes (the padding is never
 read: the plan masks every dim at its extent) and the kernels address it with the padded row
-stride. The copy reads and writes the input once, so it only pays where kernels reread it; the
-backend offers it as a variant of its own and the race decides.
+stride. The copy reads and writes the input once, so it only pays where kernels reread it:
+only inputs that some kernel's blocks read several times over (grid axes the access does not
+move along) and of at least ``MIN_BYTES`` are staged, and the backend offers it as a variant of
+its own, which the race decides.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ __all__ = ["PaddedRows", "misaligned_inputs", "padded_view"]
 
 #: Row alignment (bytes) of vector and asynchronous copies.
 ALIGN_BYTES = 16
+#: Smaller inputs are not staged: a copy's launch costs more than their loads.
+MIN_BYTES = 256 * 1024
+_AXES = ("bx", "by", "bz")
 
 
 @dataclass(frozen=True)
@@ -44,13 +49,24 @@ class PaddedRows(Buffer):
 
 
 def misaligned_inputs(plan: Plan) -> dict[int, int]:
-    """Graph input buffer id → padded row length, for the inputs of generated kernels whose
-    rows are no multiple of 16 bytes."""
-    read = {a.buffer for k in plan.generated for a in k.inputs}
+    """Graph input buffer id → padded row length, for the inputs whose rows are no multiple
+    of 16 bytes, of at least ``MIN_BYTES``, that a generated kernel's blocks reread."""
+    reread = set()
+    for k in plan.generated:
+        for a in k.inputs:
+            moves = {t.var for dim in a.offsets for t in dim}
+            if any(n > 1 and _AXES[i] not in moves for i, n in enumerate(k.grid)):
+                reread.add(a.buffer)
     out = {}
     for b in plan.inputs:
         size = {"float16": 2, "bfloat16": 2, "float32": 4}.get(b.dtype)
-        if b.id in read and size and len(b.dims) >= 2 and b.dims[-1] * size % ALIGN_BYTES:
+        if (
+            b.id in reread
+            and size
+            and len(b.dims) >= 2
+            and b.numel * size >= MIN_BYTES
+            and b.dims[-1] * size % ALIGN_BYTES
+        ):
             per = ALIGN_BYTES // size
             out[b.id] = -(-b.dims[-1] // per) * per
     return out
