@@ -1,9 +1,10 @@
 """Which side of a ragged attention costs time: self-attention of q query rows against kv
 keys (32 heads, d 128, float16) superoptimized for the CUDA backend, the chosen kernel timed
-with CUDA events (median of 7 rounds of 20 calls). A diagnostic, not a bench:
+as CUDA-graph replays (``triton_kernel_forms.bench``, medians). A diagnostic, not a bench:
 `python benchmarks/attention_ragged_parts.py`."""
 
 import torch
+from triton_kernel_forms import bench
 
 import yirage as yr
 from yirage._workloads import _gqa_graph, _prefill_shapes
@@ -11,22 +12,6 @@ from yirage._workloads import _gqa_graph, _prefill_shapes
 #: (q, kv): divisible; ragged rows; ragged keys (rows of Kᵀ off 16-byte alignment); both;
 #: ragged keys whose rows stay aligned (4104 = 8·513: a masked loop, no alignment loss)
 SHAPES = ((4096, 4096), (4099, 4096), (4096, 4099), (4099, 4099), (4096, 4104))
-
-
-def median_us(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return sorted(times)[3]
 
 
 def main() -> None:
@@ -39,7 +24,7 @@ def main() -> None:
             torch.randn(32, 128, kv, device="cuda", dtype=torch.float16) / 11,
             torch.randn(32, kv, 128, device="cuda", dtype=torch.float16),
         ]
-        us = median_us(lambda: k(*xs))  # noqa: B023 (called at once)
+        us = bench(lambda: k(*xs))  # noqa: B023 (called at once)
         rep = k.report
         print(f"q {q} kv {kv}: {us:.1f} us  {rep.chosen_description[:60]} {rep.chosen_variant}")
 

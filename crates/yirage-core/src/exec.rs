@@ -716,20 +716,22 @@ mod masked_tests {
         g
     }
 
+    /// `plain` and `fused` evaluate to the same first output (dims and values) on `ins` (float64, 1e-9).
+    fn assert_same_values(plain: &KernelGraph, fused: &KernelGraph, ins: &[Tensor]) {
+        let (a, b) = (evaluate(plain, ins).unwrap(), evaluate(fused, ins).unwrap());
+        assert_eq!(a[0].dims, b[0].dims);
+        for (u, v) in a[0].data.iter().zip(&b[0].data) {
+            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
+        }
+    }
+
     #[test]
     fn masked_gated_mlp_matches_target() {
         // N = 100 over 7 blocks (tiles of 15, the last owns 10); M = 40 over 3 (14, 14, 12).
         let plain = plain_gated(40, 64, 100);
         let fused = fused_gated([40, 64, 100], [7, 3], 4, BinaryOp::Mul);
         let ins = [data(&[40, 64], 1), data(&[64, 100], 2), data(&[64, 100], 3)];
-        let (a, b) = (
-            evaluate(&plain, &ins).unwrap(),
-            evaluate(&fused, &ins).unwrap(),
-        );
-        assert_eq!(b[0].dims, vec![40, 100]);
-        for (u, v) in a[0].data.iter().zip(&b[0].data) {
-            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
-        }
+        assert_same_values(&plain, &fused, &ins);
         assert!(equivalent(&plain, &fused, 2, 3).unwrap());
     }
 
@@ -822,13 +824,7 @@ mod masked_tests {
         // to the products and the squares, and the rms divides by 67, not 70
         let (plain, fused) = rms_linear_pair(67, 5, None);
         let ins = [data(&[8, 67], 4), data(&[67, 24], 5)];
-        let (a, b) = (
-            evaluate(&plain, &ins).unwrap(),
-            evaluate(&fused, &ins).unwrap(),
-        );
-        for (u, v) in a[0].data.iter().zip(&b[0].data) {
-            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
-        }
+        assert_same_values(&plain, &fused, &ins);
         assert!(equivalent(&plain, &fused, 2, 6).unwrap());
     }
 
@@ -848,13 +844,7 @@ mod masked_tests {
         // exp past K is zero (the padding is absent), so the squares gain nothing
         let (plain, fused) = rms_linear_pair(67, 5, Some(UnaryOp::Exp));
         let ins = [data(&[8, 67], 8), data(&[67, 24], 9)];
-        let (a, b) = (
-            evaluate(&plain, &ins).unwrap(),
-            evaluate(&fused, &ins).unwrap(),
-        );
-        for (u, v) in a[0].data.iter().zip(&b[0].data) {
-            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
-        }
+        assert_same_values(&plain, &fused, &ins);
         assert!(equivalent(&plain, &fused, 2, 7).unwrap());
     }
 
@@ -898,13 +888,7 @@ mod masked_tests {
         // would add exp(0) = 1 to every row's sum; the masked exp makes them 0
         let (plain, fused) = attention_pair(67, 5);
         let ins = [data(&[8, 16], 1), data(&[16, 67], 2), data(&[67, 8], 3)];
-        let (a, b) = (
-            evaluate(&plain, &ins).unwrap(),
-            evaluate(&fused, &ins).unwrap(),
-        );
-        for (u, v) in a[0].data.iter().zip(&b[0].data) {
-            assert!((u - v).abs() <= 1e-9 * (1.0 + v.abs()), "{u} vs {v}");
-        }
+        assert_same_values(&plain, &fused, &ins);
         assert!(equivalent(&plain, &fused, 2, 11).unwrap());
         // 67 in 6 tiles of 12 (the last owning 7) agrees as well
         assert!(equivalent(&plain, &attention_pair(67, 6).1, 2, 11).unwrap());

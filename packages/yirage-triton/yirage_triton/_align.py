@@ -59,10 +59,9 @@ def misaligned_inputs(plan: Plan) -> dict[int, int]:
                 reread.add(a.buffer)
     out = {}
     for b in plan.inputs:
-        size = {"float16": 2, "bfloat16": 2, "float32": 4}.get(b.dtype)
+        size = b.elem_bytes
         if (
             b.id in reread
-            and size
             and len(b.dims) >= 2
             and b.numel * size >= MIN_BYTES
             and b.dims[-1] * size % ALIGN_BYTES

@@ -70,7 +70,7 @@ from yirage.plan import (
     parse_plan,
 )
 from yirage_triton._align import misaligned_inputs, padded_view
-from yirage_triton._fold import fold_unit_batch
+from yirage_triton._fold import FoldedMask, fold_unit_batch
 from yirage_triton._host import fmt_float as _fmt_float
 from yirage_triton._host import launcher_lines
 from yirage_triton._subtile import subtile_kernel
@@ -94,8 +94,6 @@ DEEP_STAGES = 5
 #: :func:`grouped_order_lines`); the core's cost model assumes the same order and group
 #: (``cost::wave::GROUP_TILES``) when it charges re-reads within a wave to L2.
 GROUP_TILES = 8
-
-_ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 def grouped_axes(grid: Sequence[int]) -> tuple[int, int] | None:
@@ -712,8 +710,10 @@ class _KernelPrinter:
                 masks.append(_expand(f"tl.arange(0, {pdims[d]}) < {lanes}", d, rank))
             walked = any(t.var == "iter" and t.stride for t in acc.offsets[d])
             if d in edge and not (walked and self.whole_iters):  # nothing past the extent
-                bound = [str(edge[d].extent)]
-                for t in getattr(edge[d], "base", ()):  # a folded batch's first row
+                m = edge[d]
+                bound = [str(m.extent)]
+                base = m.base if isinstance(m, FoldedMask) else ()
+                for t in base:  # a folded batch's first row
                     var = it if t.var == "iter" else t.var
                     var = f"{var}.to(tl.int64)" if wide else var
                     bound.append(f"{var} * {t.stride}")
@@ -1195,12 +1195,12 @@ class _KernelPrinter:
             acc = self.k.inputs[o.attr("input")]
             if not acc.uses_iter():
                 continue
-            size = _ELEM_BYTES.get(self.plan.buffer(acc.buffer).dtype, 4)
+            size = self.plan.buffer(acc.buffer).elem_bytes
             per_stage += math.prod(self.pdims[o.id]) * size * (2 if o.id in dual else 1)
         reserve = 0
         for out in self.k.outputs:
             if out.src is not None and out.src in self.pdims:
-                size = _ELEM_BYTES.get(self.plan.buffer(out.buffer).dtype, 4)
+                size = self.plan.buffer(out.buffer).elem_bytes
                 reserve = max(reserve, math.prod(self.pdims[out.src]) * size)
         return per_stage, reserve
 

@@ -117,6 +117,11 @@ class Buffer:
         return math.prod(self.dims)
 
     @property
+    def elem_bytes(self) -> int:
+        """Bytes of one element (a plan's dtypes: float32, or a 16-bit one)."""
+        return 4 if self.dtype == "float32" else 2
+
+    @property
     def strides(self) -> tuple[int, ...]:
         """Row-major element strides."""
         out = []
