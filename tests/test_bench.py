@@ -291,6 +291,33 @@ def test_batch_overrides_every_preset() -> None:
             _harness.with_batch(cases, bad)
 
 
+def test_dims_and_dtype_override_every_selected_preset() -> None:
+    """``--dims h=3000 n=5000 --dtype bfloat16``: the graph, its inputs and the case name take
+    the sizes; a size some workload lacks and a bad dtype are refused with what exists."""
+    cases, _ = _harness.select_cases(["rmsnorm_linear", "gated_mlp"], "ragged")
+    sized = _harness.with_shape(cases, {"h": 3000, "n": 5000}, "bfloat16")
+    assert [c.name for c in sized] == [
+        "rmsnorm_linear_b8_h3000_n5000_bf16",
+        "gated_mlp_b8_h3000_n5000_bf16",
+    ]
+    assert sized[0].workload.input_dims("ragged") == [(8, 3000), (3000, 5000)]
+    assert sized[1].workload.dtype("ragged").name == "bfloat16"
+    # the two ragged presets of a workload coincide once both sizes are set: one case each
+    lora, _ = _harness.select_cases(["lora"], "gpu")
+    ranked = _harness.with_shape(lora, {"r": 8}, "float32")
+    assert [c.name for c in ranked] == ["lora_b16_r8_f32", "lora_b1_r8_f32"]
+    assert ranked[0].workload.input_dims("gpu")[2] == (4096, 8)
+    with pytest.raises(yr.ConfigError, match=r"has no size 'n'; its sizes: b, h\b"):
+        _harness.with_shape(_harness.select_cases(["rms_norm"], "gpu")[0], {"n": 64})
+    with pytest.raises(yr.ConfigError, match="must be one of float16, bfloat16, float32"):
+        _harness.with_shape(cases, {}, "int8")
+    with pytest.raises(yr.ConfigError, match="h must be a positive int"):
+        _harness.with_shape(cases, {"h": 0})
+    gqa, _ = _harness.select_cases(["gqa_decode"], "gpu")
+    with pytest.raises(yr.ConfigError, match="cannot take"):
+        _harness.with_shape(gqa, {"q_heads": 3})  # 3 query heads over 2 KV heads
+
+
 def test_prefill_presets_list_the_attention_prefill_cases() -> None:
     """``--shapes prefill``: RMSNorm + Linear and gated MLP at 256/1024/4096 rows and attention
     prefill at 1024 and 4096 query rows (32 heads, d 128, float16); each preset alone too."""
@@ -744,12 +771,20 @@ def test_cli_batch_option(
     for argv in (["-b", "32"], ["--batch", "32"]):
         assert cli.main(["bench", *argv, "--out", str(tmp_path), "--no-plot"]) == 0
         assert seen[-1].batch == 32 and "--batch 32" in str(seen[-1].command)
+    argv = ["--dims", "h=3000", "n=77", "--dtype", "bfloat16"]
+    assert cli.main(["bench", *argv, "--out", str(tmp_path), "--no-plot"]) == 0
+    assert seen[-1].dims == {"h": 3000, "n": 77} and seen[-1].dtype == "bfloat16"
+    assert "--dims h=3000 n=77 --dtype bfloat16" in str(seen[-1].command)
     assert cli.main(["bench", "--out", str(tmp_path), "--no-plot"]) == 0
     assert seen[-1].batch is None
     capsys.readouterr()
     with pytest.raises(SystemExit):
         cli.main(["bench", "-b", "0"])
     assert "positive integer" in capsys.readouterr().err
+    for bad in ("h", "h=0", "3=4"):
+        with pytest.raises(SystemExit):
+            cli.main(["bench", "--dims", bad])
+        assert "--dims" in capsys.readouterr().err
 
 
 def test_harness_runs_the_batch_it_is_given(tmp_path: Path) -> None:
@@ -794,12 +829,11 @@ def test_cuda_bench_smoke(tmp_path: Path) -> None:
         _workloads.get_workload("gqa_decode"),
         shapes={"gpu": {**TINY["gqa_decode"], "kv": 256, "dtype": yr.float16}},
     )
-    fake_shapes = FakeOptimizer.__new__(FakeOptimizer)
-    fake_shapes.by_hash = {wl.graph("gpu").hash(): wl}
-    fake_shapes.calls, fake_shapes.cache_dirs = {}, []
+    fake = FakeOptimizer([])
+    fake.by_hash = {wl.graph("gpu").hash(): wl}  # the workload at its GPU preset
 
     def opt(graph: yr.KernelGraph, backend: str, **options: Any) -> Any:
-        return FakeOptimizer.__call__(fake_shapes, graph, "cpu", **options)
+        return fake(graph, "cpu", **options)
 
     cfg = _cfg(
         tmp_path,
@@ -823,3 +857,28 @@ def test_expert_of_a_workload_without_one_is_a_yirage_error() -> None:
     assert not w.has_expert
     with pytest.raises(yr.YirageError, match="has no expert kernel"):
         w.expert()
+
+
+@pytest.mark.cuda
+def test_attention_experts_run_sdpa_fused_kernels() -> None:
+    """The SDPA experts run a fused kernel (flash or memory-efficient attention), not SDPA's
+    unfused math fallback: 3-D prefill inputs used to fall back and time 10-25x slower."""
+    _require_cuda()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    cases = [
+        ("attention_prefill", {"b": 1, "q_heads": 4, "kv_heads": 4, "d": 64, "kv": 200}),
+        ("gqa_decode", {"b": 2, "q_heads": 8, "kv_heads": 2, "d": 128, "kv": 300}),
+    ]
+    for name, shape in cases:
+        wl = _workloads.get_workload(name)
+        if name == "attention_prefill":
+            shape["q_len"] = 77
+        wl = dataclasses.replace(wl, shapes={"gpu": {**shape, "dtype": yr.float16}})
+        tensors = wl.inputs("gpu", seed=3, device="cuda")
+        (want,) = wl.reference(*[t.double() for t in tensors])
+        with sdpa_kernel(fused):  # raises when no fused kernel takes these inputs
+            (got,) = wl.expert(*tensors)
+        err = float((got.double() - want).norm() / want.norm())
+        assert got.shape == want.shape and err < 2e-3, (name, err)

@@ -165,6 +165,39 @@ def test_customized_rmsnorm_linear_matches_numpy(rng: np.random.Generator) -> No
     assert np.max(np.abs(fused - want)) / scale < 1e-10
 
 
+def test_an_explicit_loop_tile_walks_a_prime_dim_in_power_of_two_tiles(
+    rng: np.random.Generator,
+) -> None:
+    """RMSNorm + Linear over K = 67 walked in 5 tiles of 16 (the last owning 3) instead of
+    ceil(67 / 5) = 14: numpy's values, the same fingerprint, the tile kept by JSON; a tile
+    that leaves an iteration empty is refused with the range that works."""
+    x, w = rng.normal(size=(4, 67)), rng.normal(size=(67, 24))
+    want = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6) @ w
+
+    def fused(tile: int | None) -> yr.KernelGraph:
+        g = yr.new_kernel_graph()
+        tx, tw = g.new_input((4, 67), yr.float16), g.new_input((67, 24), yr.float16)
+        tb = yr.new_threadblock_graph((1, 1, 1), (128, 1, 1), 5, 1, forloop_tile=tile)
+        bx = tb.new_input(tx, input_map=(-1, -1, -1), forloop_dim=1)
+        bw = tb.new_input(tw, input_map=(-1, -1, -1), forloop_dim=0)
+        out = tb.div(tb.forloop_accum(tb.matmul(bx, bw)), tb.forloop_accum(bx, "rms"))
+        tb.new_output(out, output_map=(-1, -1, -1))
+        assert tb.forloop_tile == (None if tile in (None, 14) else tile)
+        (o,) = g.customized([tx, tw], tb)
+        g.mark_output(o)
+        return g
+
+    g16 = fused(16)
+    (got,) = g16.evaluate([x, w])
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-10
+    assert yr.equivalent(g16, rmsnorm_linear(4, 67, 24))
+    assert '"forloop_tile":16' in g16.to_json()
+    assert yr.KernelGraph.from_json(g16.to_json()).hash() == g16.hash() != fused(None).hash()
+    assert fused(14).hash() == fused(None).hash()  # the default tile, set explicitly
+    with pytest.raises(yr.MappingError, match="leaving the last iteration"):
+        fused(17)
+
+
 def _block_graph_eval(
     x: Array,
     build: Callable[[yr.ThreadBlockGraph, yr.STensor], yr.STensor],

@@ -196,8 +196,22 @@ def test_a_prime_contraction_is_walked_by_a_masked_loop_in_the_interpreter(
     for cand in chosen[:2]:
         for k, m in _loop_masked(cand):
             assert m.extent == h and h % k.forloop_range != 0
+            # GPU tiles are powers of two (1031 in 17 tiles of 64, not 61): aligned starts
+            tile = _walk_tile(cand, m)
+            assert tile & (tile - 1) == 0 and (k.forloop_range - 1) * tile < h, cand.label
         err = _interpreted_error(workload, dims, cand, seed=11)
         assert err <= 1e-5, (cand.label, err)
+
+
+def _walk_tile(candidate: Any, m: Any) -> int:
+    """The loop tile (iter stride) of ``candidate``'s access masked by ``m``."""
+    return next(
+        t.stride
+        for _, _, acc in _masked(candidate)
+        if m in acc.masked
+        for t in acc.offsets[m.dim]
+        if t.var == "iter"
+    )
 
 
 def attention(heads: int, rows: int, d: int, kv: int) -> yr.KernelGraph:
@@ -250,6 +264,8 @@ def test_attention_over_a_prime_kv_masks_the_exp_in_the_interpreter(
         plan = parse_plan(cand.kernel_plan())
         exps = [o for k in plan.generated for o in k.ops if o.attrs.get("unop") == "exp"]
         assert any(o.masked and o.masked[0].extent == kv for o in exps), cand.label
+        tiles = [_walk_tile(cand, m) for _, m in _loop_masked(cand)]
+        assert tiles and all(t >= 16 and t & (t - 1) == 0 for t in tiles), (cand.label, tiles)
         src = be.codegen(cand.kernel_plan())
         kernel = be.load(be.compile(src))
         tensors = be.from_numpy([a.astype(np.float32) for a in (q, kt, v)], ["float32"] * 3)

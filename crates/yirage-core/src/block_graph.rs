@@ -21,9 +21,11 @@
 //! * `fmap`: dim further split by `forloop_range` (iteration i reads slice i), or -1 (loaded
 //!   once). With `forloop_range == 1` the split is a no-op and fmap is stored as -1.
 //! * Masked loop: iteration i owns `t = ceil(E / forloop_range)` elements of a walked dim of
-//!   extent `E` (every iteration at least one). When `forloop_range` does not divide `E` the
-//!   loop is *masked* at `E` ([`BlockGraph::loop_extent`]): the last iteration's tile runs
-//!   past the tensor and its elements there read as zero. Every dim the loop walks then has
+//!   extent `E` (every iteration at least one), or the loop's explicit tile `t`
+//!   ([`BlockGraph::set_loop_tile`]: any `t` with `(forloop_range-1)·t < E ≤ forloop_range·t`,
+//!   so a 2000-long dim can be walked in 32 aligned tiles of 64 rather than 63). When
+//!   `forloop_range·t ≠ E` the loop is *masked* at `E` ([`BlockGraph::loop_extent`]): the last
+//!   iteration's tile runs past the tensor and its elements there read as zero. Every dim the loop walks then has
 //!   extent `E` and is split by no grid axis. A sum over the walked dim gains only zeros; an
 //!   op that maps zero elsewhere (a sigmoid) computes something else, which verification
 //!   sees. An exp of padding (along one dim) is zero, as if the padding were −∞
@@ -168,8 +170,11 @@ pub struct BlockGraph {
     masked: [bool; 3],
     /// The per-block extent of the dims the loop walks (first walked input).
     walk_extent: Option<usize>,
-    /// Whether `forloop_range` does not divide `walk_extent` (a masked loop).
+    /// Whether the loop's tiles do not cover `walk_extent` exactly (a masked loop).
     loop_masked: bool,
+    /// The loop's tile along walked dims when set ([`BlockGraph::set_loop_tile`]), else
+    /// `ceil(extent / forloop_range)`.
+    loop_tile: Option<u32>,
 }
 
 fn axis_name(a: usize) -> char {
@@ -217,7 +222,46 @@ impl BlockGraph {
             masked: [false; 3],
             walk_extent: None,
             loop_masked: false,
+            loop_tile: None,
         })
+    }
+
+    /// Walk the loop's dims in tiles of `tile` elements instead of `ceil(extent /
+    /// forloop_range)`; every walked dim's extent `E` must then satisfy `(forloop_range-1)·tile
+    /// < E ≤ forloop_range·tile`. Set it before the first input: printers pad tiles to a power
+    /// of two, so a power-of-two tile of a masked loop reads aligned, whole tiles where the
+    /// default tile (63 of 2000 in 32 iterations) starts each tile off alignment.
+    pub fn set_loop_tile(&mut self, tile: i64) -> Result<()> {
+        if !self.inputs.is_empty() {
+            return mapping_err(format!(
+                "loop tile {tile}: set it before the first input ({} declared)",
+                self.inputs.len()
+            ));
+        }
+        if self.forloop_range < 2 || !(1..=(u32::MAX as i64)).contains(&tile) {
+            return mapping_err(format!(
+                "loop tile {tile}: needs forloop_range ≥ 2 (it is {}) and a tile ≥ 1",
+                self.forloop_range
+            ));
+        }
+        self.loop_tile = Some(tile as u32);
+        Ok(())
+    }
+
+    /// The loop's explicit tile, when it differs from the default `ceil(extent /
+    /// forloop_range)` of the walked extent (what JSON, hashes and listings record: setting
+    /// the default tile changes nothing).
+    pub fn loop_tile(&self) -> Option<u32> {
+        let (t, e) = (self.loop_tile?, self.walk_extent?);
+        (t as usize != e.div_ceil(self.forloop_range as usize)).then_some(t)
+    }
+
+    /// The tile the loop walks a per-block extent of `extent` in.
+    fn walk_tile(&self, extent: usize) -> usize {
+        self.loop_tile.map_or_else(
+            || extent.div_ceil(self.forloop_range as usize),
+            |t| t as usize,
+        )
     }
 
     /// `Some(E)` when the loop is masked: `forloop_range` does not divide the extent `E` of
@@ -232,7 +276,7 @@ impl BlockGraph {
     pub fn rms_count(&self, last: usize) -> usize {
         let f = self.forloop_range as usize;
         match self.loop_extent() {
-            Some(e) if last == e.div_ceil(f) => e,
+            Some(e) if last == self.walk_tile(e) => e,
             _ => last * f,
         }
     }
@@ -330,7 +374,7 @@ impl BlockGraph {
         let mut tile_dims = block_dims.clone();
         if fmap >= 0 {
             let d = fmap as usize;
-            tile_dims[d] = tile_dims[d].div_ceil(self.forloop_range as usize);
+            tile_dims[d] = self.walk_tile(tile_dims[d]);
         }
         InputGeometry {
             block_dims,
@@ -474,14 +518,21 @@ impl BlockGraph {
         split: bool,
     ) -> Result<(usize, bool)> {
         let f = self.forloop_range as usize;
-        let t = extent.div_ceil(f);
+        let t = self.walk_tile(extent);
         if (f - 1) * t >= extent {
             return mapping_err(format!(
                 "{what}: forloop_dim {d}: forloop_range ({f}) walks a per-block size of {extent} in tiles of {t}, leaving the last iteration(s) empty; use a forloop_range that divides {extent} or at most {}",
                 extent.div_ceil(t.max(1)).max(1).min(extent)
             ));
         }
-        let masked = extent % f != 0;
+        if f * t < extent {
+            return mapping_err(format!(
+                "{what}: forloop_dim {d}: forloop_range ({f}) tiles of {t} cover {} of a per-block size of {extent}; use a loop tile of at least {}",
+                f * t,
+                extent.div_ceil(f)
+            ));
+        }
+        let masked = f * t != extent;
         if masked && split {
             return mapping_err(format!(
                 "{what}: forloop_dim {d}: forloop_range ({f}) does not divide the per-block size {extent} of a dim a grid axis splits; a masked loop walks only dims no grid axis splits"
@@ -690,8 +741,13 @@ impl BlockGraph {
     /// Human-readable listing, one op per line, each prefixed by `indent`.
     pub fn describe(&self, indent: &str) -> String {
         let mut s = format!(
-            "{indent}block graph grid={:?} block={:?} forloop={} reduction_dimx={}\n",
-            self.grid_dim, self.block_dim, self.forloop_range, self.reduction_dimx
+            "{indent}block graph grid={:?} block={:?} forloop={}{} reduction_dimx={}\n",
+            self.grid_dim,
+            self.block_dim,
+            self.forloop_range,
+            self.loop_tile()
+                .map_or_else(String::new, |t| format!(" (tiles of {t})")),
+            self.reduction_dimx
         );
         for (i, op) in self.ops.iter().enumerate() {
             let t = &self.tiles[i];

@@ -850,8 +850,8 @@ mod masked_tests {
 
     /// `softmax(Q·Kt)·V` of `Q[8,16]`, `Kt[16,kv]`, `V[kv,8]` as plain kernel ops, and as one
     /// block walking kv in `f` iterations (exp, its row sums and its product with V
-    /// accumulated, divided after the loop).
-    fn attention_pair(kv: i64, f: i64) -> (KernelGraph, KernelGraph) {
+    /// accumulated, divided after the loop), in tiles of `tile` when given.
+    fn attention_pair(kv: i64, f: i64, tile: Option<i64>) -> (KernelGraph, KernelGraph) {
         let mut plain = KernelGraph::new();
         let q = plain.new_input(&[8, 16], F).unwrap();
         let kt = plain.new_input(&[16, kv], F).unwrap();
@@ -861,6 +861,9 @@ mod masked_tests {
         let o = plain.matmul(p, v).unwrap();
         plain.mark_output(o).unwrap();
         let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], f, 1).unwrap();
+        if let Some(t) = tile {
+            b.set_loop_tile(t).unwrap();
+        }
         let bq = b.new_input(&[8, 16], F, [-1; 3], -1).unwrap();
         let bk = b.new_input(&[16, kv], F, [-1; 3], 1).unwrap();
         let bv = b.new_input(&[kv, 8], F, [-1; 3], 0).unwrap();
@@ -886,11 +889,56 @@ mod masked_tests {
     fn masked_loop_softmax_over_a_prime_kv_matches_target() {
         // kv = 67 in 5 tiles of 14: the last tile's 3 padded scores are 0, and their exps
         // would add exp(0) = 1 to every row's sum; the masked exp makes them 0
-        let (plain, fused) = attention_pair(67, 5);
+        let (plain, fused) = attention_pair(67, 5, None);
         let ins = [data(&[8, 16], 1), data(&[16, 67], 2), data(&[67, 8], 3)];
         assert_same_values(&plain, &fused, &ins);
         assert!(equivalent(&plain, &fused, 2, 11).unwrap());
         // 67 in 6 tiles of 12 (the last owning 7) agrees as well
-        assert!(equivalent(&plain, &attention_pair(67, 6).1, 2, 11).unwrap());
+        assert!(equivalent(&plain, &attention_pair(67, 6, None).1, 2, 11).unwrap());
+    }
+
+    #[test]
+    fn an_explicit_loop_tile_walks_aligned_tiles_and_matches_target() {
+        // kv = 67 in 5 tiles of 16 (the last owning 3) rather than 14: the same values, and
+        // the tile is what JSON records and the listing shows
+        let (plain, fused) = attention_pair(67, 5, Some(16));
+        let bg = match &fused.ops().last().unwrap().kind {
+            crate::kernel_graph::KernelOpKind::Customized { graph, .. } => graph.clone(),
+            _ => panic!("customized"),
+        };
+        assert_eq!((bg.loop_tile(), bg.loop_extent()), (Some(16), Some(67)));
+        assert_eq!(bg.tiles()[1].dims, vec![16, 16]);
+        assert!(bg.describe("").contains("forloop=5 (tiles of 16)"));
+        let ins = [data(&[8, 16], 4), data(&[16, 67], 5), data(&[67, 8], 6)];
+        assert_same_values(&plain, &fused, &ins);
+        assert!(equivalent(&plain, &fused, 2, 11).unwrap());
+        let back = crate::json::from_json(&crate::json::to_json(&fused)).unwrap();
+        assert_eq!(crate::json::to_json(&back), crate::json::to_json(&fused));
+        assert!(crate::json::to_json(&fused).contains("\"forloop_tile\":16"));
+        // the default tile (14) set explicitly is the default: nothing recorded
+        let (_, same) = attention_pair(67, 5, Some(14));
+        assert_eq!(
+            crate::json::to_json(&same),
+            crate::json::to_json(&attention_pair(67, 5, None).1)
+        );
+        // tiles that leave an iteration empty, or do not reach the extent, are refused
+        for (t, want) in [
+            (17, "leaving the last iteration(s) empty"),
+            (13, "use a loop tile of at least 14"),
+        ] {
+            let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], 5, 1).unwrap();
+            b.set_loop_tile(t).unwrap();
+            let err = b
+                .new_input(&[16, 67], F, [-1; 3], 1)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err}");
+        }
+        let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], 1, 1).unwrap();
+        assert!(b
+            .set_loop_tile(16)
+            .unwrap_err()
+            .to_string()
+            .contains("forloop_range ≥ 2"));
     }
 }

@@ -118,6 +118,9 @@ struct BlockGraphDoc {
     grid_dim: [i64; 3],
     block_dim: [i64; 3],
     forloop_range: i64,
+    /// The loop's explicit tile ([`BlockGraph::set_loop_tile`]); absent for the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    forloop_tile: Option<i64>,
     reduction_dimx: i64,
     ops: Vec<BlockOpDoc>,
     outputs: Vec<BlockOutputDoc>,
@@ -241,6 +244,7 @@ fn block_doc(g: &BlockGraph) -> BlockGraphDoc {
         grid_dim: g.grid_dim().map(|v| v as i64),
         block_dim: g.block_dim().map(|v| v as i64),
         forloop_range: g.forloop_range() as i64,
+        forloop_tile: g.loop_tile().map(i64::from),
         reduction_dimx: g.reduction_dimx() as i64,
         ops,
         outputs: g
@@ -447,6 +451,9 @@ fn replay_block(doc: &BlockGraphDoc) -> Result<BlockGraph> {
         doc.forloop_range,
         doc.reduction_dimx,
     )?;
+    if let Some(t) = doc.forloop_tile {
+        g.set_loop_tile(t)?;
+    }
     for (k, op) in doc.ops.iter().enumerate() {
         let r = match op {
             BlockOpDoc::Input {

@@ -120,22 +120,32 @@ struct PyBlockGraph {
 #[pymethods]
 impl PyBlockGraph {
     #[new]
+    #[pyo3(signature = (grid_dim, block_dim, forloop_range, reduction_dimx, forloop_tile=None))]
     fn new(
         grid_dim: (i64, i64, i64),
         block_dim: (i64, i64, i64),
         forloop_range: i64,
         reduction_dimx: i64,
+        forloop_tile: Option<i64>,
     ) -> PyResult<Self> {
         guard(|| {
-            Ok(PyBlockGraph {
-                inner: BlockGraph::new(
-                    [grid_dim.0, grid_dim.1, grid_dim.2],
-                    [block_dim.0, block_dim.1, block_dim.2],
-                    forloop_range,
-                    reduction_dimx,
-                )?,
-            })
+            let mut inner = BlockGraph::new(
+                [grid_dim.0, grid_dim.1, grid_dim.2],
+                [block_dim.0, block_dim.1, block_dim.2],
+                forloop_range,
+                reduction_dimx,
+            )?;
+            if let Some(t) = forloop_tile {
+                inner.set_loop_tile(t)?;
+            }
+            Ok(PyBlockGraph { inner })
         })
+    }
+
+    /// The loop's explicit tile along walked dims, when it differs from the default.
+    #[getter]
+    fn forloop_tile(&self) -> Option<u32> {
+        self.inner.loop_tile()
     }
 
     #[getter]

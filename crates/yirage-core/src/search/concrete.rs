@@ -408,6 +408,43 @@ fn masked_loop_ranges(extent: usize) -> impl Iterator<Item = usize> {
         })
 }
 
+/// The power-of-two tile a masked loop walks instead of `t = ceil(extent / f)`, when one
+/// still leaves every iteration a share (`(f-1)·T < extent`): printers pad a tile to a power
+/// of two anyway, so the iterations then start on aligned, whole tiles (2000 in 32 iterations:
+/// tiles of 64, the last owning 16, rather than 63 at misaligned offsets). None for an
+/// unmasked loop, a power-of-two `t`, or walked dims of different extents.
+fn aligned_loop_tile(ins: &[KIn], m: &Mapping) -> Option<usize> {
+    if m.f < 2 || !m.pow2_loop {
+        return None;
+    }
+    let mut walked = ins
+        .iter()
+        .zip(&m.fmaps)
+        .filter_map(|(kin, &d)| usize::try_from(d).ok().map(|d| kin.dims[d]));
+    let extent = walked.next()?;
+    if walked.any(|e| e != extent) {
+        return None;
+    }
+    let t = loop_tile(extent, m.f, true);
+    (t != extent.div_ceil(m.f)).then_some(t)
+}
+
+/// The tile `f` iterations walk `extent` in: `extent / f` when `f` divides it, else (with
+/// `pow2`) the power-of-two tile of [`aligned_loop_tile`] where it leaves every iteration a
+/// share, else `ceil(extent / f)`.
+fn loop_tile(extent: usize, f: usize, pow2: bool) -> usize {
+    let t = extent.div_ceil(f.max(1));
+    if !pow2 || f < 2 || extent % f == 0 {
+        return t;
+    }
+    let aligned = t.next_power_of_two();
+    if (f - 1) * aligned < extent {
+        aligned
+    } else {
+        t
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Ty {
     vg: u64,
@@ -435,6 +472,9 @@ struct Mapping {
     chunk_of: Vec<Option<(usize, usize)>>,
     /// Grid classes in axis order.
     axes: Vec<usize>,
+    /// Walk a masked loop in power-of-two tiles ([`aligned_loop_tile`]): GPUs, whose printers
+    /// pad every tile to a power of two anyway.
+    pow2_loop: bool,
 }
 
 fn bit(c: usize) -> u64 {
@@ -677,6 +717,7 @@ fn derive(
         omaps,
         chunk_of,
         axes,
+        pow2_loop: false,
     })
 }
 
@@ -689,6 +730,9 @@ fn build(
 ) -> crate::Result<BlockGraph> {
     let g = m.grid.map(|x| x as i64);
     let mut bg = BlockGraph::new(g, [threads as i64, 1, 1], m.f as i64, 1)?;
+    if let Some(t) = aligned_loop_tile(ins, m) {
+        bg.set_loop_tile(t as i64)?;
+    }
     for (k, kin) in ins.iter().enumerate() {
         let dims: Vec<i64> = kin.dims.iter().map(|&d| d as i64).collect();
         bg.new_input(&dims, kin.dtype, m.imaps[k], m.fmaps[k])?;
@@ -788,8 +832,15 @@ struct Sized {
     est_us: f64,
 }
 
-/// Tile dims of every tile of `prog` under assignment `asg` with `f` iterations.
-fn tile_dims(prog: &BlockProgram, an: &Analysis, asg: &[Assign], f: usize) -> Vec<Dims> {
+/// Tile dims of every tile of `prog` under assignment `asg` with `f` iterations (`pow2`: a
+/// masked loop's tiles are [`loop_tile`]'s power of two).
+fn tile_dims(
+    prog: &BlockProgram,
+    an: &Analysis,
+    asg: &[Assign],
+    f: usize,
+    pow2: bool,
+) -> Vec<Dims> {
     an.cls
         .iter()
         .zip(&prog.tiles)
@@ -804,9 +855,12 @@ fn tile_dims(prog: &BlockProgram, an: &Analysis, asg: &[Assign], f: usize) -> Ve
                             info.extent
                         } else {
                             let a = asg[*c];
-                            info.extent
-                                .div_ceil(a.parts)
-                                .div_ceil(if a.loopy { f } else { 1 })
+                            let block = info.extent.div_ceil(a.parts);
+                            if a.loopy {
+                                loop_tile(block, f, pow2)
+                            } else {
+                                block
+                            }
                         }
                     }
                 })
@@ -828,7 +882,7 @@ struct Ctx<'a> {
 
 fn estimate(cx: &Ctx<'_>, m: &Mapping, asg: &[Assign], f: usize) -> (f64, u64, OutSig) {
     let (run, prog, ins, an, low) = (cx.run, cx.prog, cx.ins, cx.an, cx.low);
-    let dims = tile_dims(prog, an, asg, f);
+    let dims = tile_dims(prog, an, asg, f, run.spec.is_streaming_gpu());
     let descs: Vec<TileDesc> = prog
         .ops
         .iter()
@@ -903,7 +957,7 @@ fn blocks_legal(cx: &Ctx<'_>, asg: &[Assign], f: usize, outs: &OutSig) -> bool {
     if spec.tiling.is_none() {
         return true;
     }
-    let dims = tile_dims(cx.prog, cx.an, asg, f);
+    let dims = tile_dims(cx.prog, cx.an, asg, f, spec.is_streaming_gpu());
     let ins_ok = cx
         .ins
         .iter()
@@ -1134,6 +1188,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                 omaps: base.omaps.clone(),
                 chunk_of: base.chunk_of.clone(),
                 axes: base.axes.clone(),
+                pow2_loop: gpu,
             };
             let threads0 = run.spec.block_threads(run.spec.warp_choices()[0]);
             let Ok(bg0) = build(prog, ins, &m, threads0, eps) else {

@@ -800,11 +800,12 @@ fn realise(target: &KernelGraph, sk: &Skeleton, choice: &[usize]) -> Result<(Ker
                 let bg = &c.graph;
                 let gd = bg.grid_dim();
                 labels.push(format!(
-                    "custom[grid={}x{}x{} loop={}: {}]",
+                    "custom[grid={}x{}x{} loop={}{}: {}]",
                     gd[0],
                     gd[1],
                     gd[2],
                     bg.forloop_range(),
+                    bg.loop_tile().map_or_else(String::new, |t| format!("x{t}")),
                     prog.describe()
                 ));
                 let ins: Vec<TensorId> = inputs.iter().map(|&t| m(t)).collect();

@@ -795,7 +795,9 @@ fn a_prime_contraction_is_walked_by_a_masked_loop_where_zeros_stay_out() {
     let r = run(
         &target,
         &DeviceSpec::h100(),
-        &SearchConfig { top_k: 8, ..cfg() },
+        // 16: forms walking kv in 3 or 5 power-of-two tiles (a score matmul, then one kernel)
+        // rank ahead of the one-kernel forms
+        &SearchConfig { top_k: 16, ..cfg() },
     );
     let masked: Vec<_> = r
         .candidates

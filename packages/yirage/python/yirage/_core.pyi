@@ -76,7 +76,10 @@ class BlockGraph:
         block_dim: tuple[int, int, int],
         forloop_range: int,
         reduction_dimx: int,
+        forloop_tile: int | None = None,
     ) -> BlockGraph: ...
+    @property
+    def forloop_tile(self) -> int | None: ...
     @property
     def grid_dim(self) -> tuple[int, int, int]: ...
     @property

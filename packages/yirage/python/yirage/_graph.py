@@ -510,12 +510,16 @@ class ThreadBlockGraph(_ElementwiseOps[STensor]):
         block_dim: Sequence[int],
         forloop_range: int,
         reduction_dimx: int,
+        forloop_tile: int | None = None,
     ) -> None:
         grid = check_triple(grid_dim, "grid_dim", MappingError)
         block = check_triple(block_dim, "block_dim", MappingError)
         loop = check_int(forloop_range, "forloop_range", MappingError)
         dimx = check_int(reduction_dimx, "reduction_dimx", MappingError)
-        self._g = _core.BlockGraph(grid, block, loop, dimx)
+        tile = forloop_tile
+        if tile is not None:
+            tile = check_int(tile, "forloop_tile", MappingError)
+        self._g = _core.BlockGraph(grid, block, loop, dimx, tile)
 
     @property
     def grid_dim(self) -> tuple[int, int, int]:
@@ -528,6 +532,13 @@ class ThreadBlockGraph(_ElementwiseOps[STensor]):
     @property
     def forloop_range(self) -> int:
         return self._g.forloop_range
+
+    @property
+    def forloop_tile(self) -> int | None:
+        """The loop's tile along walked dims when it differs from ``ceil(extent /
+        forloop_range)`` (set by ``forloop_tile=``: a power of two walks a dim no range
+        divides in aligned tiles), else None."""
+        return self._g.forloop_tile
 
     @property
     def reduction_dimx(self) -> int:
@@ -691,9 +702,10 @@ def new_threadblock_graph(
     block_dim: Sequence[int],
     forloop_range: int,
     reduction_dimx: int,
+    forloop_tile: int | None = None,
 ) -> ThreadBlockGraph:
     """A new thread-block graph for a customized operator."""
-    return ThreadBlockGraph(grid_dim, block_dim, forloop_range, reduction_dimx)
+    return ThreadBlockGraph(grid_dim, block_dim, forloop_range, reduction_dimx, forloop_tile)
 
 
 def equivalent(g1: KernelGraph, g2: KernelGraph, trials: int = 2, seed: int = 0) -> bool:

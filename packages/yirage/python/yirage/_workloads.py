@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from yirage._dtypes import DType, bfloat16, float16, float32
-from yirage._errors import YirageError
+from yirage._errors import ShapeError, YirageError
 from yirage._graph import KernelGraph, new_kernel_graph
 
 __all__ = ["WORKLOADS", "Workload", "get_workload", "workload_names"]
@@ -220,6 +220,11 @@ def _lora_ref(x: Any, w: Any, a: Any, b: Any) -> list[Any]:
 def _gqa_dims(s: Mapping[str, Any]) -> tuple[int, int, int, int]:
     """(groups, query rows per group, d, kv): a group is one KV head of one batch; its rows
     are the query heads sharing it, each ``q_len`` rows long (1 for decode)."""
+    if s["q_heads"] % s["kv_heads"]:
+        raise ShapeError(
+            f"q_heads ({s['q_heads']}) must be a multiple of kv_heads ({s['kv_heads']}): "
+            "each KV head serves the same number of query heads"
+        )
     groups = s["b"] * s["kv_heads"]
     per = s["q_heads"] // s["kv_heads"] * s.get("q_len", 1)
     return groups, per, s["d"], s["kv"]
@@ -275,11 +280,13 @@ def _sdpa(q: Any, kt: Any, v: Any, kv_heads: int = 2) -> list[Any]:
 
 def _sdpa_prefill(q: Any, kt: Any, v: Any) -> list[Any]:
     """Expert for attention prefill: PyTorch SDPA (flash attention on GPUs) over the
-    ``[b·heads, q_len, d]`` queries with K in its natural contiguous ``[.., kv, d]`` layout;
-    the leading dim is SDPA's batch, a view of ``[b, heads, q_len, d]``."""
+    ``[b·heads, q_len, d]`` queries with K in its natural contiguous ``[.., kv, d]`` layout,
+    passed as one batch of ``b·heads`` heads: SDPA's fused kernels take 4-D inputs only and
+    run 3-D ones through its unfused math fallback."""
     import torch
 
-    return [torch.nn.functional.scaled_dot_product_attention(q, _natural_k(kt), v)]
+    q4, k4, v4 = (t.unsqueeze(0) for t in (q, _natural_k(kt), v))
+    return [torch.nn.functional.scaled_dot_product_attention(q4, k4, v4).squeeze(0)]
 
 
 def _qknorm_graph(s: Mapping[str, Any], dt: DType) -> KernelGraph:

@@ -57,6 +57,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _size(text: str) -> tuple[str, int]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=N such as h=4096, got {text!r}")
+    return key, _positive_int(value)
+
+
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to the CLI's subparsers."""
     p: argparse.ArgumentParser = sub.add_parser(
@@ -109,6 +116,22 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="B",
         help="batch size: the rows of every workload's first dim (b), overriding the preset's",
     )
+    p.add_argument(
+        "--dims",
+        nargs="+",
+        type=_size,
+        default=None,
+        metavar="KEY=N",
+        help="sizes overriding the presets' in every selected case (keys of the workload's "
+        "presets: b, h, n, r, kv, q_len, d, q_heads, kv_heads), e.g. --dims h=3000 n=5000; "
+        "the overridden sizes are part of the case names",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float16", "bfloat16", "float32"),
+        default=None,
+        help="dtype of every selected case, overriding the presets'",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
     p.add_argument(
         "--no-torch-compile",
@@ -153,6 +176,10 @@ def _command_line(args: argparse.Namespace) -> str:
         parts.append(f"--shapes {args.shapes}")
     if args.batch is not None:
         parts.append(f"--batch {args.batch}")
+    if args.dims:
+        parts.append("--dims " + " ".join(f"{k}={v}" for k, v in args.dims))
+    if args.dtype:
+        parts.append(f"--dtype {args.dtype}")
     parts.append(f"--out {args.out}")
     if args.seed:
         parts.append(f"--seed {args.seed}")
@@ -176,6 +203,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         backend=str(args.backend).lower(),
         shapes=args.shapes,
         batch=args.batch,
+        dims=dict(args.dims) if args.dims else None,
+        dtype=args.dtype,
         out=args.out,
         seed=args.seed,
         compile_mode=None if args.no_torch_compile else _harness.COMPILE_MODE,

@@ -53,7 +53,7 @@ import numpy as np
 
 from yirage._bench import _report, _roofline, _timing
 from yirage._env import all_env_vars
-from yirage._errors import ConfigError
+from yirage._errors import ConfigError, YirageError
 
 __all__ = ["COMPILE_MODE", "CONTESTANTS", "BenchConfig", "Case", "run_bench", "select_cases"]
 
@@ -73,6 +73,8 @@ class Case:
 
     workload: Any  # yirage._workloads.Workload
     preset: str
+    #: sizes (and "dtype") set on the command line: always part of the name
+    overridden: tuple[str, ...] = ()
 
     @property
     def shape(self) -> Mapping[str, Any]:
@@ -83,22 +85,29 @@ class Case:
         """``<workload>_b<b>[_h<h>][_n<n>][_q<q_len>][_kv<kv>][_bf16]`` from the preset's
         sizes and dtype (bfloat16 is named, so a float32 and a bfloat16 case of one size are
         two rows; so are the hidden size of a ragged preset and the output size of a
-        ragged-output one)."""
+        ragged-output one). Sizes and a dtype set by ``--dims``/``--dtype`` are always named."""
         s = self.shape
         parts = [str(self.workload.name)]
         if "b" in s:
             parts.append(f"b{s['b']}")
-        if "ragged" in self.preset and "h" in s:
+        if "h" in s and ("ragged" in self.preset or "h" in self.overridden):
             parts.append(f"h{s['h']}")
-        if self.preset.endswith("ragged_n") and "n" in s:
+        if "n" in s and (self.preset.endswith("ragged_n") or "n" in self.overridden):
             parts.append(f"n{s['n']}")
+        named = ("b", "h", "n", "q_len", "kv", "dtype")
+        parts.extend(f"{k}{s[k]}" for k in self.overridden if k not in named)
         if "q_len" in s:
             parts.append(f"q{s['q_len']}")
         if "kv" in s:
             parts.append(f"kv{s['kv']}")
-        if getattr(s.get("dtype"), "name", None) == "bfloat16":
-            parts.append("bf16")
+        dtype = getattr(s.get("dtype"), "name", None)
+        if dtype == "bfloat16" or ("dtype" in self.overridden and dtype is not None):
+            parts.append(_DTYPE_TAG.get(dtype, str(dtype)))
         return "_".join(parts)
+
+
+#: short dtype names of case names
+_DTYPE_TAG = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 
 @dataclass
@@ -108,6 +117,8 @@ class BenchConfig:
     backend: str = "cpu"
     shapes: str | None = None  # preset family; None: "cpu" for the cpu backend, else "gpu"
     batch: int | None = None  # rows of the workloads' first dim ("b"), overriding the preset
+    dims: Mapping[str, int] | None = None  # sizes overriding the presets' (``--dims``)
+    dtype: str | None = None  # dtype overriding the presets' (``--dtype``)
     out: Path = Path("benchmarks/results")
     seed: int = 0
     compile_mode: str | None = COMPILE_MODE  # None: torch.compile is not run (recorded)
@@ -194,19 +205,50 @@ def with_batch(cases: Sequence[Case], batch: int) -> list[Case]:
     ``batch``; presets that then coincide (``gpu`` and ``gpu_b16`` at one batch) run once."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch must be a positive int, got {batch!r}")
+    return with_shape(cases, {"b": batch}, flag="--batch")
+
+
+def with_shape(
+    cases: Sequence[Case],
+    dims: Mapping[str, int],
+    dtype: str | None = None,
+    *,
+    flag: str = "--dims",
+) -> list[Case]:
+    """``cases`` with the sizes in ``dims`` (keys of the workloads' presets: b, h, n, r, kv,
+    q_len, d, …) and ``dtype`` (float16, bfloat16, float32) set in every preset; presets that
+    then coincide run once. Every case must have every key (the error lists the keys it
+    has), so a run never silently measures a size it was not asked for."""
+    from yirage._dtypes import _BY_NAME
+    from yirage._workloads import Workload
+
+    for k, v in dims.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{flag}: {k} must be a positive int, got {v!r}")
+    if dtype is not None and dtype not in _BY_NAME:
+        raise ConfigError(f"--dtype must be one of {', '.join(_BY_NAME)}, got {dtype!r}")
     out: list[Case] = []
     for c in cases:
-        if "b" not in c.shape:
+        missing = [k for k in dims if k not in c.shape]
+        if missing:
+            sizes = ", ".join(k for k in c.shape if k != "dtype")
             raise ConfigError(
-                f"workload {c.workload.name!r} has no batch size 'b' in preset {c.preset!r}; "
-                "run it without --batch"
+                f"workload {c.workload.name!r} (preset {c.preset!r}) has no size "
+                f"{', '.join(map(repr, missing))}; its sizes: {sizes}. Drop it from {flag} or "
+                "bench that workload alone"
             )
-        from yirage._workloads import Workload
-
         if not isinstance(c.workload, Workload):
-            raise ConfigError(f"--batch needs yirage workloads, got {type(c.workload).__name__}")
-        shapes = {c.preset: {**c.shape, "b": batch}}
-        case = Case(dataclasses.replace(c.workload, shapes=shapes), c.preset)
+            raise ConfigError(f"{flag} needs yirage workloads, got {type(c.workload).__name__}")
+        shape = {**c.shape, **dims}
+        if dtype is not None:
+            shape["dtype"] = _BY_NAME[dtype]
+        try:  # the workload's own shape checks (GQA: q_heads a multiple of kv_heads …)
+            c.workload._build(shape, shape["dtype"])
+        except YirageError as exc:
+            raise ConfigError(f"{flag}: {c.workload.name} cannot take {dict(dims)}: {exc}") from exc
+        named = tuple(k for k in dims if k != "b") + (("dtype",) if dtype is not None else ())
+        workload = dataclasses.replace(c.workload, shapes={c.preset: shape})
+        case = Case(workload, c.preset, tuple(dict.fromkeys((*c.overridden, *named))))
         if case.name not in {o.name for o in out}:
             out.append(case)
     return out
@@ -744,6 +786,8 @@ def default_command(cfg: BenchConfig, workloads: str | Sequence[Any]) -> str:
         f"yirage bench --backend {cfg.backend} --workloads {' '.join(names)} "
         f"--shapes {cfg.family}"
         + ("" if cfg.batch is None else f" --batch {cfg.batch}")
+        + ("" if not cfg.dims else " --dims " + " ".join(f"{k}={v}" for k, v in cfg.dims.items()))
+        + ("" if cfg.dtype is None else f" --dtype {cfg.dtype}")
         + (" --search-presets" if cfg.search_presets else "")
         + f" --out {shlex.quote(str(cfg.out))}"
     )
@@ -796,6 +840,8 @@ def run_bench(
     cases, notes = select_cases(workloads, cfg.family)
     if cfg.batch is not None:
         cases = with_batch(cases, cfg.batch)
+    if cfg.dims or cfg.dtype is not None:
+        cases = with_shape(cases, dict(cfg.dims or {}), cfg.dtype)
     notes = [*cfg.extra_notes, *notes]
     dev_name, slug = device_name(device)
     folder = Path(cfg.out) / slug
@@ -811,6 +857,8 @@ def run_bench(
         "torch_device": device,
         "shapes": cfg.family,
         "batch": cfg.batch,
+        "dims": dict(cfg.dims) if cfg.dims else None,
+        "dtype": cfg.dtype,
         "cases": [c.name for c in cases],
         "seed": cfg.seed,
         "compile_mode": cfg.compile_mode,
