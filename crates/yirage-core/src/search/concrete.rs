@@ -408,14 +408,19 @@ fn masked_loop_ranges(extent: usize) -> impl Iterator<Item = usize> {
         })
 }
 
-/// The power-of-two tile a masked loop walks instead of `t = ceil(extent / f)`, when one
-/// still leaves every iteration a share (`(f-1)·T < extent`): printers pad a tile to a power
-/// of two anyway, so the iterations then start on aligned, whole tiles (2000 in 32 iterations:
-/// tiles of 64, the last owning 16, rather than 63 at misaligned offsets). None for an
-/// unmasked loop, a power-of-two `t`, or walked dims of different extents.
+/// The power-of-two tile a loop walks instead of `t = ceil(extent / f)`, when one still
+/// leaves every iteration a share (`(f-1)·T < extent`): printers pad a tile to a power of two
+/// anyway, so the iterations then start on aligned, whole tiles (2000 in 32 iterations: tiles
+/// of 64, the last owning 16, rather than 63 at misaligned offsets; 4000 in 32: 128, the last
+/// owning 32, rather than 125). The loop is then masked, so only for programs where that is
+/// exact (`m.pow2_loop`). None for a power-of-two `t`, or walked dims of different extents.
 fn aligned_loop_tile(ins: &[KIn], m: &Mapping) -> Option<usize> {
     if m.f < 2 || !m.pow2_loop {
         return None;
+    }
+    let split = |k: usize, d: i64| (0..3).any(|a| m.grid[a] > 1 && m.imaps[k][a] == d);
+    if (0..ins.len()).any(|k| m.fmaps[k] >= 0 && split(k, m.fmaps[k])) {
+        return None; // a masked loop may not walk a grid-split dim
     }
     let mut walked = ins
         .iter()
@@ -429,12 +434,11 @@ fn aligned_loop_tile(ins: &[KIn], m: &Mapping) -> Option<usize> {
     (t != extent.div_ceil(m.f)).then_some(t)
 }
 
-/// The tile `f` iterations walk `extent` in: `extent / f` when `f` divides it, else (with
-/// `pow2`) the power-of-two tile of [`aligned_loop_tile`] where it leaves every iteration a
-/// share, else `ceil(extent / f)`.
+/// The tile `f` iterations walk `extent` in: with `pow2`, the power-of-two tile of
+/// [`aligned_loop_tile`] where it leaves every iteration a share, else `ceil(extent / f)`.
 fn loop_tile(extent: usize, f: usize, pow2: bool) -> usize {
     let t = extent.div_ceil(f.max(1));
-    if !pow2 || f < 2 || extent % f == 0 {
+    if !pow2 || f < 2 {
         return t;
     }
     let aligned = t.next_power_of_two();
@@ -472,8 +476,9 @@ struct Mapping {
     chunk_of: Vec<Option<(usize, usize)>>,
     /// Grid classes in axis order.
     axes: Vec<usize>,
-    /// Walk a masked loop in power-of-two tiles ([`aligned_loop_tile`]): GPUs, whose printers
-    /// pad every tile to a power of two anyway.
+    /// Walk the loop in power-of-two tiles ([`aligned_loop_tile`]): GPUs, whose printers pad
+    /// every tile to a power of two anyway, for programs whose zeros past a walked extent stay
+    /// out of every value ([`masked_loop_is_exact`]).
     pow2_loop: bool,
 }
 
@@ -857,7 +862,8 @@ fn tile_dims(
                             let a = asg[*c];
                             let block = info.extent.div_ceil(a.parts);
                             if a.loopy {
-                                loop_tile(block, f, pow2)
+                                // a masked loop may not walk a grid-split dim
+                                loop_tile(block, f, pow2 && a.parts == 1)
                             } else {
                                 block
                             }
@@ -882,7 +888,7 @@ struct Ctx<'a> {
 
 fn estimate(cx: &Ctx<'_>, m: &Mapping, asg: &[Assign], f: usize) -> (f64, u64, OutSig) {
     let (run, prog, ins, an, low) = (cx.run, cx.prog, cx.ins, cx.an, cx.low);
-    let dims = tile_dims(prog, an, asg, f, run.spec.is_streaming_gpu());
+    let dims = tile_dims(prog, an, asg, f, m.pow2_loop);
     let descs: Vec<TileDesc> = prog
         .ops
         .iter()
@@ -952,12 +958,12 @@ fn estimate(cx: &Ctx<'_>, m: &Mapping, asg: &[Assign], f: usize) -> (f64, u64, O
 /// Whether every block the kernel loads (inputs) or stores (outputs, `outs`) obeys the
 /// device's tiling rule ([`crate::cost::DeviceSpec::block_legal`]); outputs are checked at
 /// the inputs' narrowest element width, since a graph output keeps the graph's dtype.
-fn blocks_legal(cx: &Ctx<'_>, asg: &[Assign], f: usize, outs: &OutSig) -> bool {
+fn blocks_legal(cx: &Ctx<'_>, m: &Mapping, asg: &[Assign], f: usize, outs: &OutSig) -> bool {
     let spec = &cx.run.spec;
     if spec.tiling.is_none() {
         return true;
     }
-    let dims = tile_dims(cx.prog, cx.an, asg, f, spec.is_streaming_gpu());
+    let dims = tile_dims(cx.prog, cx.an, asg, f, m.pow2_loop);
     let ins_ok = cx
         .ins
         .iter()
@@ -1039,7 +1045,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
             continue;
         }
         let rep_f = chunk_f.first().copied().unwrap_or(2);
-        let Some(m) = derive_pattern(prog, ins, &an, pat, rep_f) else {
+        let Some(mut m) = derive_pattern(prog, ins, &an, pat, rep_f) else {
             continue;
         };
         let pi = mappings.len();
@@ -1057,6 +1063,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
         let masked_ok = masked
             .first()
             .is_some_and(|&f| masked_loop_is_exact(&cx, &m, f, eps));
+        m.pow2_loop = gpu && masked_ok;
         let fs: Vec<usize> = if !any_loop {
             vec![1]
         } else if let Some(&s) = chunk_f.first() {
@@ -1138,7 +1145,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                 }
                 budget -= 1;
                 let (est, smem, outs) = estimate(&cx, &m, asg, f);
-                if !blocks_legal(&cx, asg, f, &outs) {
+                if !blocks_legal(&cx, &m, asg, f, &outs) {
                     return true;
                 }
                 if smem > run.spec.shared_mem_per_block {
@@ -1188,7 +1195,7 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
                 omaps: base.omaps.clone(),
                 chunk_of: base.chunk_of.clone(),
                 axes: base.axes.clone(),
-                pow2_loop: gpu,
+                pow2_loop: base.pow2_loop,
             };
             let threads0 = run.spec.block_threads(run.spec.warp_choices()[0]);
             let Ok(bg0) = build(prog, ins, &m, threads0, eps) else {
@@ -1541,6 +1548,16 @@ mod tests {
         }
         assert_eq!(all, expected);
         assert_eq!(first_patterns(&kinds, 5), expected[..5].to_vec());
+    }
+
+    #[test]
+    fn gpu_loops_walk_power_of_two_tiles_where_every_iteration_keeps_a_share() {
+        assert_eq!(loop_tile(2000, 32, true), 64); // not 63: the last owns 16
+        assert_eq!(loop_tile(4000, 32, true), 128); // not 125: the last owns 32
+        assert_eq!(loop_tile(4096, 32, true), 128);
+        assert_eq!(loop_tile(6000, 16, true), 375); // 512 would leave the 13th to 16th empty
+        assert_eq!(loop_tile(2000, 32, false), 63);
+        assert_eq!(loop_tile(2000, 1, true), 2000);
     }
 
     #[test]
