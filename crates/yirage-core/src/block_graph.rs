@@ -25,10 +25,10 @@
 //!   ([`BlockGraph::set_loop_tile`]: any `t` with `(forloop_range-1)·t < E ≤ forloop_range·t`,
 //!   so a 2000-long dim can be walked in 32 aligned tiles of 64 rather than 63). When
 //!   `forloop_range·t ≠ E` the loop is *masked* at `E` ([`BlockGraph::loop_extent`]): the last
-//!   iteration's tile runs past the tensor and its elements there read as zero. Every dim the loop walks then has
-//!   extent `E` and is split by no grid axis. A sum over the walked dim gains only zeros; an
-//!   op that maps zero elsewhere (a sigmoid) computes something else, which verification
-//!   sees. An exp of padding (along one dim) is zero, as if the padding were −∞
+//!   iteration's tile runs past the tensor and its elements there read as zero. Every dim the
+//!   loop walks then has extent `E` and is split by no grid axis. A sum over the walked dim
+//!   gains only zeros; an op that maps zero elsewhere (a sigmoid) computes something else,
+//!   which verification sees. An exp of padding (along one dim) is zero, as if the padding were −∞
 //!   ([`crate::masked_loop::masked_exps`]), so a softmax over the walked dim stays exact.
 //! * `omap[a]`: output dim along which block index a places its tile. Every axis with
 //!   `grid_dim[a] > 1` needs a distinct dim (-1 would make blocks overwrite each other);
@@ -264,8 +264,8 @@ impl BlockGraph {
         )
     }
 
-    /// `Some(E)` when the loop is masked: `forloop_range` does not divide the extent `E` of
-    /// the dims it walks, so the last iteration's tile runs past `E`.
+    /// `Some(E)` when the loop is masked: its tiles do not cover the extent `E` of the dims it
+    /// walks exactly, so the last iteration's tile runs past `E`.
     pub fn loop_extent(&self) -> Option<usize> {
         self.walk_extent.filter(|_| self.loop_masked)
     }
