@@ -60,6 +60,7 @@ class _FakeReport:
     measured_us = 2.0
     max_rel_err = 0.0
     chosen_description = "fake: the workload's torch reference"
+    chosen_variant = "fake_variant"
     chosen_is_library_baseline = True
     verification_level = "test double"
 
@@ -479,6 +480,9 @@ def test_harness_writes_schema_report_and_png(tmp_path: Path) -> None:
     md = (folder / "results.md").read_text()
     assert on_disk["device"] in md and "yirage bench --backend cpu" in md
     assert "gqa_decode_b1_kv64" in md and "torch" in md
+    # each row names the chosen kernel and the variant of it that runs
+    chosen = "- gqa_decode_b1_kv64: fake: the workload's torch reference (variant `fake_variant`)"
+    assert chosen in md
     run = json.loads((folder / "run.json").read_text())
     assert run["command"].startswith("yirage bench") and run["date"]
 

@@ -682,6 +682,7 @@ def run_case(
         "yirage_predicted_us": yinfo["predicted_us"],
         "yirage_self_measured_us": yinfo["measured_us"],
         "yirage_chosen": yinfo["chosen"],
+        "yirage_chosen_variant": yinfo["chosen_variant"],
         "yirage_chosen_is_library_baseline": yinfo["chosen_is_library_baseline"],
         "yirage_search_config": yinfo["search_config"],
         "yirage_verification_level": yinfo["verification_level"],

@@ -246,6 +246,7 @@ def write_markdown(results: Mapping[str, Any], run: Mapping[str, Any], path: Pat
         out.append("| (no rows: see the notes) |" + " |" * 15)
     chosen = [
         f"- {r['workload']}: {r.get('yirage_chosen') or '?'}"
+        + (f" (variant `{r['yirage_chosen_variant']}`)" if r.get("yirage_chosen_variant") else "")
         for r in rows
         if r.get("yirage_chosen") is not None
     ]
