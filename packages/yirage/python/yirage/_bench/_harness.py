@@ -234,8 +234,8 @@ def with_shape(
             sizes = ", ".join(k for k in c.shape if k != "dtype")
             raise ConfigError(
                 f"workload {c.workload.name!r} (preset {c.preset!r}) has no size "
-                f"{', '.join(map(repr, missing))}; its sizes: {sizes}. Drop it from {flag} or "
-                "bench that workload alone"
+                f"{', '.join(map(repr, missing))}; its sizes: {sizes}. Bench it without {flag}, "
+                "or alone with sizes it has"
             )
         if not isinstance(c.workload, Workload):
             raise ConfigError(f"{flag} needs yirage workloads, got {type(c.workload).__name__}")
