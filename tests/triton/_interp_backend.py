@@ -3,9 +3,36 @@ interpreter (or only print and compile) on a target the test chooses."""
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from yirage.plugin import DeviceSpec, ProbeResult
+
+#: module-level ``pytestmark`` of tests that print and run Triton kernels
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
+    reason="torch and triton are not installed (pip install torch triton runs these tests)",
+)
+
+
+def private_cache(name: str) -> Callable[..., Any]:
+    """An autouse module fixture pointing ``YIRAGE_CACHE_DIR`` at a fresh folder ``name``, so
+    a module's tests write into their own cache, not the user's (assign it to a module
+    global for pytest to collect it)."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+        root = tmp_path_factory.mktemp(name)
+        mp = pytest.MonkeyPatch()
+        mp.setenv("YIRAGE_CACHE_DIR", str(root))
+        yield root
+        mp.undo()
+
+    return _private_cache
 
 
 def backend_class(target: Any, compute_units: int, smem_limit: int) -> Any:

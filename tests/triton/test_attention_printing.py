@@ -4,38 +4,26 @@ numpy), and the shift is compiled without multiply-add contraction."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 import plans
-from _interp_backend import interp_backend
+from _interp_backend import interp_backend, needs_triton, private_cache
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
-    reason="torch and triton are not installed (pip install torch triton runs these tests)",
-)
+pytestmark = needs_triton
 
 F16_MAX = 65504.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("yirage-attention-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("YIRAGE_CACHE_DIR", str(root))
-    yield root
-    mp.undo()
+_private_cache = private_cache("yirage-attention-cache")
 
 
 def _backend(**options: Any) -> Any:

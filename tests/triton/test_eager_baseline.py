@@ -6,22 +6,19 @@ float32 form."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _interp_backend import needs_triton
 
 from yirage.plan import parse_plan
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
 import plans
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
-    reason="torch and triton are not installed (pip install torch triton runs these tests)",
-)
+pytestmark = needs_triton
 
 
 def _launch(raw: dict[str, Any], *, eager: bool) -> Any:

@@ -4,10 +4,8 @@ ranking a fused RMSNorm + Linear at prefill rows on a pinned H100 spec."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +16,12 @@ from _search_graphs import H100
 sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 import plans
-from _interp_backend import interp_backend
+from _interp_backend import interp_backend, needs_triton, private_cache
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
-    reason="torch and triton are not installed (pip install torch triton runs these tests)",
-)
+pytestmark = needs_triton
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("yirage-grouped-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("YIRAGE_CACHE_DIR", str(root))
-    yield root
-    mp.undo()
+_private_cache = private_cache("yirage-grouped-cache")
 
 
 def _backend() -> Any:

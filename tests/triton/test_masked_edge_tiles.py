@@ -5,15 +5,12 @@ H100 spec, fingerprints verify them, the plan names the masked dims, and the Tri
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _interp_backend import interp_backend
+from _interp_backend import interp_backend, needs_triton, private_cache
 from _search_graphs import H100
 
 import yirage as yr
@@ -21,21 +18,12 @@ from yirage.plan import GeneratedKernel, parse_plan
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
-    reason="torch and triton are not installed (pip install torch triton runs these tests)",
-)
+pytestmark = needs_triton
 
 EPS = 1e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("yirage-masked-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("YIRAGE_CACHE_DIR", str(root))
-    yield root
-    mp.undo()
+_private_cache = private_cache("yirage-masked-cache")
 
 
 def _backend() -> Any:

@@ -6,34 +6,23 @@ tiles over extents no range divides)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _interp_backend import interp_backend
+from _interp_backend import interp_backend, needs_triton, private_cache
 from _search_graphs import H100
 
 import yirage as yr
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
-    reason="torch and triton are not installed (pip install torch triton runs these tests)",
-)
+pytestmark = needs_triton
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("YIRAGE_CACHE_DIR", str(tmp_path_factory.mktemp("yirage-random-shapes")))
-    yield Path()
-    mp.undo()
+_private_cache = private_cache("yirage-random-shapes")
 
 
 def _graph(kind: str, rng: random.Random) -> yr.KernelGraph:

@@ -5,10 +5,8 @@ and matches float64 references; the target decides which printings are tried."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +22,12 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
 # Pin Triton's announced default (it warns otherwise, and warnings are errors here).
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 import plans
-from _interp_backend import backend_class
+from _interp_backend import backend_class, needs_triton, private_cache
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
-    reason="torch and triton are not installed (pip install torch triton runs these tests)",
-)
+pytestmark = needs_triton
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The tests of this module write into one fresh cache (not the user's)."""
-    root = tmp_path_factory.mktemp("yirage-triton-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("YIRAGE_CACHE_DIR", str(root))
-    yield root
-    mp.undo()
+_private_cache = private_cache("yirage-triton-cache")
 
 
 ALL_NAMES = {
