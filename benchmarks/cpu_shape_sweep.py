@@ -1,0 +1,103 @@
+"""Random shapes of the bundled workloads on the cpu backend: superoptimize each (no cache),
+then compare the kernel on fresh inputs at three scales (x1, x30, x0.001) with the float64
+reference rounded to the output dtype. A correctness sweep, not a benchmark: it prints one
+line per shape and exits 1 if any shape failed.
+
+    python benchmarks/cpu_shape_sweep.py --seed 23 --count 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from typing import Any
+
+import torch
+
+import yirage as yr
+from yirage import _workloads
+
+DTYPES = {
+    "f32": (yr.float32, torch.float32, 1e-4),
+    "bf16": (yr.bfloat16, torch.bfloat16, 3e-2),
+    "f16": (yr.float16, torch.float16, 5e-3),
+}
+
+
+def random_shape(name: str, rng: random.Random) -> dict[str, Any]:
+    r = rng.randint
+    if name in ("rmsnorm_linear", "gated_mlp"):
+        return {"b": r(1, 40), "h": r(17, 900), "n": r(5, 1200)}
+    if name in ("rms_norm", "norm_transformer"):
+        return {"b": r(1, 70), "h": r(3, 3000)}
+    if name == "lora":
+        return {"b": r(1, 40), "h": r(17, 700), "n": r(5, 900), "r": r(1, 24)}
+    if name in ("gqa_decode", "qknorm_gqa"):
+        kvh = r(1, 3)
+        d = rng.choice([16, 32, 64, 80, 96, 128])
+        return {"b": r(1, 3), "q_heads": kvh * r(1, 4), "kv_heads": kvh, "d": d, "kv": r(3, 1500)}
+    heads = r(1, 3)  # attention_prefill
+    d = rng.choice([16, 32, 64, 128])
+    return {
+        "b": 1,
+        "q_heads": heads,
+        "kv_heads": heads,
+        "d": d,
+        "kv": r(3, 700),
+        "q_len": r(1, 300),
+    }
+
+
+def worst_error(wl: Any, kernel: Any, graph: yr.KernelGraph, tdt: Any) -> float:
+    """Largest relative error over the three input scales; inf if the kernel gives a
+    non-finite value where the reference (rounded to the dtype) is finite."""
+    worst = 0.0
+    for scale in (1.0, 30.0, 1e-3):
+        ins = [(torch.randn(*t.dims, dtype=torch.float64) * scale).to(tdt) for t in graph.inputs]
+        ref = wl.reference(*[x.double() for x in ins])
+        out = kernel(*ins)
+        for o, r in zip(out if isinstance(out, (list, tuple)) else [out], ref, strict=True):
+            o64, rd = o.double(), r.to(tdt).double()
+            finite = torch.isfinite(rd)
+            if (~torch.isfinite(o64) & finite).any():
+                return float("inf")
+            keep = finite & (rd.abs() >= torch.finfo(tdt).tiny)  # normal numbers of the dtype
+            if keep.any():
+                r_, o_ = torch.where(keep, r, 0.0), torch.where(keep, o64, 0.0)
+                worst = max(worst, float((o_ - r_).norm() / r_.norm().clamp_min(1e-300)))
+    return worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--count", type=int, default=20)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    torch.manual_seed(args.seed)
+    names = _workloads.workload_names()
+    failed = 0
+    for i in range(args.count):
+        name, dk = rng.choice(names), rng.choice(["f32", "f32", "bf16", "f16"])
+        dt, tdt, tol = DTYPES[dk]
+        shape = random_shape(name, rng)
+        wl = _workloads.get_workload(name)
+        graph = wl._build({**shape, "dtype": dt}, dt)
+        t0 = time.perf_counter()
+        kernel = yr.superoptimize(graph, backend="cpu", cache=False)
+        err = worst_error(wl, kernel, graph, tdt)
+        ok = err <= tol
+        failed += not ok
+        print(
+            f"[{i}] {'ok ' if ok else 'BAD'} {name} {dk} {shape} err {err:.2e} "
+            f"{time.perf_counter() - t0:.1f}s {kernel.report.chosen_description[:80]}",
+            flush=True,
+        )
+    print(f"{failed} of {args.count} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
