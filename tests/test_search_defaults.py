@@ -119,3 +119,21 @@ def test_the_last_slot_goes_to_another_close_family() -> None:
     assert len(fused) == 5, fused
     assert any("matmul,matmul,matmul,add,accum_iter" in lab for lab in fused), fused
     assert sum("matmul,matmul,accum_iter,accum_iter,matmul,add" in lab for lab in fused) == 4
+
+
+def test_a_masked_single_kernel_gets_the_slot_owed_to_the_fewest_kernels() -> None:
+    """GQA decode (32 KV groups of 4 query rows, d 128) over 6000 keys, which no power-of-two
+    loop range divides, on the pinned H200: every candidate has masked tiles. The two-kernel
+    forms lead the estimates; the single kernel walking the keys in masked tiles, within
+    FEWEST_KERNELS_RATIO of them, must still be among the default top-k (it was left out
+    when the slot owed to unmasked candidates went to another two-kernel tiling)."""
+    from yirage.devices import get_device_spec
+
+    s = {"b": 4, "q_heads": 32, "kv_heads": 8, "d": 128, "kv": 6000}
+    g = _workloads.get_workload("gqa_decode")._build(s, yr.bfloat16)
+    res = yr.search(g, device_spec=get_device_spec("H200"), cache=False)
+    fused = [c.label for c in res.candidates if not c.baseline]
+    assert len(fused) == 5, fused
+    assert fused[0].count("custom[") == 2, fused  # the estimates' leader: two kernels
+    single = [lab for lab in fused if lab.count("custom[") == 1 and " ; " not in lab]
+    assert single and "exp,matmul" in single[0], fused

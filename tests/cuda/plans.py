@@ -338,9 +338,7 @@ def _loop_split(k: dict[str, Any], units: int) -> int:
         return 1
     blocks = math.prod(k["grid"])
     split = 1
-    while blocks * split < 2 * units and split * 2 <= MAX_LOOP_SPLIT:
-        if k["forloop_range"] % (split * 2):
-            break
+    while blocks * split < 2 * units and split * 2 <= min(MAX_LOOP_SPLIT, k["forloop_range"]):
         split *= 2
     return split
 

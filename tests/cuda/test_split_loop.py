@@ -103,12 +103,55 @@ def test_combine_rescales_to_the_common_row_max(last_block: bool) -> None:
     assert _err(outs[0], case.reference(*rounded)[0]) <= 1e-4
 
 
-def test_split_rejects_a_split_that_does_not_divide_the_loop() -> None:
+#: Loops the split does not divide: part p of S walks iterations ⌊p·F/S⌋ .. ⌊(p+1)·F/S⌋.
+UNEVEN = [
+    # 10 iterations of 32 keys over 301, the last one masked: shares of 2 and 3 / of 1 and 2
+    (plans.attention_fused(kv_len=301, tl=32), "attn", 4),
+    (plans.attention_fused(kv_len=301, tl=32), "attn", 8),
+    # 7 iterations of 64 over h = 420 (masked) into a rms and a matmul accumulator
+    (plans.rmsnorm_linear(h=420, tk=64), "rms_mm", 4),
+    # 4 iterations, 3 parts: one part walks two
+    (plans.gated_mlp(), "gated_mlp", 3),
+]
+
+
+@pytest.mark.parametrize(
+    "case,name,split",
+    UNEVEN,
+    ids=[f"{c.name}-f{c.plan['kernels'][-1]['forloop_range']}-s{s}" for c, _, s in UNEVEN],
+)
+@pytest.mark.parametrize("last_block", [True, False], ids=["last_block", "combine_kernel"])
+def test_a_split_the_loop_does_not_divide_matches_reference(
+    case: plans.Case, name: str, split: int, last_block: bool
+) -> None:
+    """Uneven shares (one iteration apart), with the masked last tile in the last part: every
+    iteration is walked exactly once, so the result is the unsplit kernel's."""
+    (k,) = [k for k in case.plan["kernels"] if k["name"] == name]
+    assert k["forloop_range"] % split, "fixture must not divide"
+    code, outs, xs = _run(case, ((name, split),), case.random_inputs(3), last_block)
+    assert f"(sp + 1) * {k['forloop_range']} // {split}" in code
+    for o, r in zip(outs, case.reference(*xs), strict=True):
+        assert _err(o, r) <= TOL["float32"], case.name
+
+
+@pytest.mark.parametrize("last_block", [True, False], ids=["last_block", "combine_kernel"])
+def test_uneven_split_rescales_a_masked_last_part(last_block: bool) -> None:
+    """Scores far larger in the keys of the last, masked tile (iteration 9 of 10, in the
+    last of 4 uneven parts): the combine must weigh that part by its own maximum; the
+    padded keys past 301 must stay out of its sums."""
+    case = plans.attention_fused(kv_len=301, tl=32, scale=4.0)
+    xs = case.random_inputs(5)
+    xs[1][:, :, -13:] *= 8.0
+    _, outs, rounded = _run(case, (("attn", 4),), xs, last_block)
+    assert _err(outs[0], case.reference(*rounded)[0]) <= 1e-4
+
+
+def test_split_rejects_more_parts_than_iterations() -> None:
     from yirage.plan import CodegenError
 
     case = plans.attention_fused()  # forloop 8
-    with pytest.raises(CodegenError, match="does not divide forloop"):
-        _backend((("attn", 3),)).codegen(case.plan)
+    with pytest.raises(CodegenError, match="between 2 and forloop 8"):
+        _backend((("attn", 16),)).codegen(case.plan)
 
 
 def test_fixture_analyses_are_the_cores() -> None:

@@ -78,7 +78,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-19"
+CODEGEN_VERSION = "triton-20"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -1320,20 +1320,23 @@ class _KernelPrinter:
         dtype = self.plan.buffer(acc.buffer).dtype
         return _Val(name, o.dims, pd, dtype, frozenset(range(len(o.dims))))
 
-    def _emit_loop(self, loop_ops: list[TileOp], lo: str, n: int, stages: int) -> None:
-        """The for-loop over iterations ``lo .. lo + n`` (accumulator updates included),
-        software-pipelined ``stages`` deep."""
+    def _emit_loop(
+        self, loop_ops: list[TileOp], lo: str, n: int, stages: int, hi: str | None = None
+    ) -> None:
+        """The for-loop over iterations ``lo .. lo + n`` (or ``lo .. hi``, a count known only
+        at run time: ``n`` is then 0) with accumulator updates included, software-pipelined
+        ``stages`` deep."""
         if not loop_ops:
             return
-        if n == 1:
+        if n == 1 and hi is None:
             self.emit(f"it = {lo}")
         else:
-            start = "0" if lo == "0" else lo
-            self.emit(f"for it in tl.range({start}, {start} + {n}, num_stages=NUM_STAGES):")
+            end = hi if hi is not None else f"{lo} + {n}"
+            self.emit(f"for it in tl.range({lo}, {end}, num_stages=NUM_STAGES):")
             self.indent += 1
         # a second read only helps the software pipeline; without one it is just more loads
         # (qknorm_gqa split 16 ways, one stage: 12.7 against 14.1 µs on the H100)
-        dual = self._dual_use_loads(loop_ops) if n != 1 and stages > 1 else set()
+        dual = self._dual_use_loads(loop_ops) if (n != 1 or hi) and stages > 1 else set()
         second: dict[int, _Val] = {}
         for o in loop_ops:
             swapped = {a: self.vals[a] for a in o.args if a in second} if o.op != "matmul" else {}
@@ -1346,7 +1349,7 @@ class _KernelPrinter:
             self.vals.update(swapped)
             if o.id in dual:
                 second[o.id] = self.emit_second_load(o, "it")
-        if n != 1:
+        if n != 1 or hi is not None:
             self.indent -= 1
 
     def _emit_init_accums(self) -> None:
@@ -1532,17 +1535,18 @@ class _KernelPrinter:
         does. A combine kernel cost about 4 µs of GQA decode's 13.4 on the H100 (its 16
         blocks wait for the whole part kernel, then read the records with 16 SMs)."""
         k = self.k
-        if split < 2 or k.forloop_range % split:
+        f = k.forloop_range
+        if split < 2 or split > f:
             raise CodegenError(
-                f"kernel {k.name!r}: split {split} does not divide forloop {k.forloop_range}"
+                f"kernel {k.name!r}: split {split} must be between 2 and forloop {f}"
             )
-        n_iter = k.forloop_range // split
         rec = self.record_size()
         loop_ops, before, after = self._partition()
         # part kernel
         head = self._head(k.name, ", ws, cnt" if last_block else ", ws")
+        share = f"{f // split}" if f % split == 0 else f"{f // split}-{-(-f // split)}"
         self.emit(
-            f"# grid {list(k.grid)} x split {split}, forloop {n_iter} of {k.forloop_range}, "
+            f"# grid {list(k.grid)} x split {split}, forloop {share} of {f}, "
             f"{k.warps} warps, plan smem {k.smem_bytes} B"
         )
         self.emit("pid = tl.program_id(0)")
@@ -1553,7 +1557,18 @@ class _KernelPrinter:
         for o in before:
             self.emit_compute(o, "0")
         self._emit_init_accums()
-        self._emit_loop(loop_ops, f"sp * {n_iter}", n_iter, self.split_stages(split))
+        if f % split == 0:
+            self._emit_loop(loop_ops, f"sp * {f // split}", f // split, self.split_stages(split))
+        else:
+            # balanced shares: part sp walks iterations sp·F/S .. (sp+1)·F/S (floors), one
+            # or two counts that differ by one, none empty (S ≤ F)
+            self._emit_loop(
+                loop_ops,
+                f"sp * {f} // {split}",
+                0,
+                self.split_stages(split),
+                hi=f"(sp + 1) * {f} // {split}",
+            )
         self._emit_block_id()
         self.emit(f"rec = ws + (blk * {split} + sp) * {rec}")
         off = 0

@@ -74,7 +74,8 @@
 //!   accumulator budget grows with the rows (up to [`GPU_MMA_ACCUM_ROWS`]); decode-sized
 //!   tiles (≤ 16 rows) keep the terms above unchanged;
 //! * **loop split**: a kernel that leaves units idle may run split ([`gpu_loop_split`]):
-//!   `S`× the blocks with `F / S` iterations each, a combine step run by the last part of
+//!   `S`× the blocks with `F / S` iterations each (rounded up: the shares of a loop `S` does
+//!   not divide differ by one), a combine step run by the last part of
 //!   each block in the same kernel, and the traffic of the fp32 partial outputs through a
 //!   workspace; the cheaper of the split and unsplit forms is charged, as the profiler
 //!   keeps the faster variant.
@@ -287,21 +288,26 @@ pub fn tile_efficiency(spec: &DeviceSpec, m: u64, n: u64, k: u64) -> f64 {
 }
 
 /// Loop split a GPU code generator applies to a generated kernel (1: none): the smallest
-/// power of two ≤ [`GPU_MAX_SPLIT`] dividing the for-loop that gives every unit two blocks,
+/// power of two ≤ [`GPU_MAX_SPLIT`] and ≤ the for-loop that gives every unit two blocks,
 /// as a GPU printer's split-loop variant does (split-K, flash-decoding); the lowering emits
-/// it as the plan's `loop_split` ([`crate::plan::loop_split`]). The profiler
-/// keeps the split variant only where it wins, so the model charges the cheaper of both.
+/// it as the plan's `loop_split` ([`crate::plan::loop_split`]). Part `p` of `S` walks
+/// iterations `⌊p·F/S⌋ .. ⌊(p+1)·F/S⌋` ([`split_iterations`]): shares that differ by at most
+/// one, none empty, so a loop no power of two divides (a masked loop over 6000 keys in 47
+/// tiles of 128) splits as well as one that does. The profiler keeps the split variant only
+/// where it wins, so the model charges the cheaper of both.
 pub fn gpu_loop_split(spec: &DeviceSpec, blocks: u64, forloop: u32) -> u32 {
     let target = 2 * spec.compute_units as u64;
     let mut split = 1u32;
-    while blocks * (split as u64) < target && split * 2 <= GPU_MAX_SPLIT {
-        let next = split * 2;
-        if forloop % next != 0 {
-            break;
-        }
-        split = next;
+    while blocks * (split as u64) < target && split * 2 <= GPU_MAX_SPLIT.min(forloop) {
+        split *= 2;
     }
     split
+}
+
+/// Iterations of the longest part of a for-loop of `forloop` iterations split `split` ways
+/// (the parts' shares differ by at most one; see [`gpu_loop_split`]).
+pub fn split_iterations(forloop: u32, split: u32) -> u32 {
+    forloop.div_ceil(split.max(1)).max(1)
 }
 
 /// Predicted cost of one kernel: its time on the device plus, for a collective, its time
@@ -417,7 +423,7 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
     let mut iter_us = 0.0;
     if spec.is_streaming_gpu() && !p.library && blocks > 0 {
         let b = blocks as f64;
-        let f = (p.forloop / split).max(1);
+        let f = split_iterations(p.forloop, split);
         let Residency {
             tile,
             fit,
@@ -470,7 +476,7 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
     let stages = if p.library {
         LIBRARY_STAGES
     } else {
-        (p.forloop / split).max(1) as f64
+        split_iterations(p.forloop, split) as f64
     };
     let exposed = memory_us.min(compute_us) / stages;
     KernelCost {
@@ -549,7 +555,7 @@ struct Residency {
 
 fn residency(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Residency {
     let b = (p.blocks * split as u64).max(1) as f64;
-    let f = (p.forloop / split).max(1);
+    let f = split_iterations(p.forloop, split);
     let read: f64 = p.reads.iter().map(|r| r.total_bytes).sum();
     let tile = read / (b * f as f64);
     // pipeline stages whose tiles fit in a block's shared memory
@@ -1122,9 +1128,14 @@ mod tests {
         // capped at 16
         assert_eq!(gpu_loop_split(&spec, 16, 64), GPU_MAX_SPLIT);
         assert_eq!(GPU_MAX_SPLIT, 16);
-        // capped by what divides the loop
+        // capped by the loop's iterations; a loop no power of two divides splits too, in
+        // shares that differ by one (12 in 8 parts: four of 2, four of 1)
         assert_eq!(gpu_loop_split(&spec, 16, 8), 8);
-        assert_eq!(gpu_loop_split(&spec, 16, 12), 4);
+        assert_eq!(gpu_loop_split(&spec, 16, 12), 8);
+        assert_eq!(gpu_loop_split(&spec, 16, 47), 16);
+        assert_eq!(gpu_loop_split(&spec, 16, 3), 2);
+        assert_eq!(split_iterations(47, 16), 3);
+        assert_eq!(split_iterations(64, 16), 4);
         // enough blocks already
         assert_eq!(gpu_loop_split(&spec, 264, 64), 1);
         let attention = |forloop| KernelProfile {

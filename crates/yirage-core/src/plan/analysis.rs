@@ -289,12 +289,13 @@ mod tests {
         };
         // 16 blocks want 16.5 parts for two per SM: capped at 16
         assert_eq!(split(16, 64), 16);
-        assert_eq!(split(16, 8), 8); // the loop divides only 8 ways
-        assert_eq!(split(16, 12), 4); // 8 does not divide 12
+        assert_eq!(split(16, 8), 8); // the loop has only 8 iterations
+        assert_eq!(split(16, 12), 8); // shares of 2 and 1 iterations
         assert_eq!(split(64, 64), 8); // 64·4 = 256 < 264 ≤ 64·8
         assert_eq!(split(132, 64), 2);
         assert_eq!(split(264, 64), 1); // two blocks per SM already
-        assert_eq!(split(16, 3), 1); // no power of two divides the loop
+        assert_eq!(split(16, 3), 2); // shares of 2 and 1
+        assert_eq!(gpu_loop_split(&h100, 16, 1), 1); // one iteration: nothing to split
         assert_eq!(gpu_loop_split(&h100, 1, 1 << 20), GPU_MAX_SPLIT);
         // the CPU runs blocks as tasks: never split
         let plan = lower(&linear(16, 64, false), &DeviceSpec::cpu2()).unwrap();

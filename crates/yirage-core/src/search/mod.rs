@@ -107,6 +107,33 @@ fn held_for_fewest(
     })
 }
 
+/// Whether a masked candidate of `kernels` kernels must wait in the first pass, with
+/// `verified_masked` masked candidates in (`verified_kernels`: the kernel counts of all that
+/// are in). Masked ones leave one of the top-k to a candidate without masked tiles (see
+/// [`has_masked_tiles`]); while the last slot is also owed to the `fewest` kernels
+/// ([`held_for_fewest`]), they leave two, and the candidate that the fewest-kernel slot waits
+/// for never waits for being masked: GQA decode over 6000 keys had only masked candidates,
+/// the unmasked slot went to a fifth two-kernel tiling, and the single masked kernel (the
+/// form that ran fastest at the nearby kv 5000) was never profiled.
+fn held_as_masked(
+    verified_kernels: &[usize],
+    verified_masked: usize,
+    fewest: Option<usize>,
+    top_k: usize,
+    kernels: usize,
+) -> bool {
+    let fewest_owed = fewest.is_some_and(|n| top_k >= 2 && !verified_kernels.contains(&n));
+    if fewest_owed && fewest == Some(kernels) {
+        return false;
+    }
+    let cap = if fewest_owed && top_k >= 3 {
+        top_k - 2
+    } else {
+        top_k.saturating_sub(1).max(1)
+    };
+    verified_masked >= cap
+}
+
 /// How many candidates the verification loop fingerprints at once: with few threads one
 /// fingerprint keeps them busy; the memory of each (16-byte field values, about twice the
 /// target's tensors) must fit in half of the available memory.
@@ -1245,7 +1272,6 @@ fn verify_space(
     let mut verified_kernels: Vec<usize> = vec![];
     let mut leading_family: Option<String> = None;
     let mut verified_leading: Vec<bool> = vec![];
-    let masked_cap = cfg.top_k.saturating_sub(1).max(1);
     let mut verified_masked = 0usize;
     let mut second = false;
     let mut queue = order.clone();
@@ -1310,7 +1336,16 @@ fn verify_space(
             continue;
         }
         let masked = has_masked_tiles(&g);
-        if masked && !second && verified_masked >= masked_cap {
+        if masked
+            && !second
+            && held_as_masked(
+                &verified_kernels,
+                verified_masked,
+                fewest,
+                cfg.top_k,
+                kernels,
+            )
+        {
             skipped.push(queue[qi - 1]);
             continue;
         }

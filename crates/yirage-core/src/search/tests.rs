@@ -575,6 +575,25 @@ fn last_slot_waits_for_the_fewest_kernels() {
 }
 
 #[test]
+fn masked_candidates_leave_the_fewest_kernels_their_slot() {
+    use super::held_as_masked;
+    // no fewest-kernel slot owed: masked ones take all but one of five slots
+    assert!(!held_as_masked(&[2, 2, 2], 3, None, 5, 2));
+    assert!(held_as_masked(&[2, 2, 2, 2], 4, None, 5, 2));
+    assert!(held_as_masked(&[1, 1, 1, 1], 4, Some(1), 5, 1)); // the fewest are in
+                                                              // a single kernel is owed the last slot: masked two-kernel ones stop one slot earlier,
+                                                              // and the masked single kernel itself never waits for being masked
+    assert!(held_as_masked(&[2, 2, 2], 3, Some(1), 5, 2));
+    assert!(!held_as_masked(&[2, 2, 2, 2], 4, Some(1), 5, 1));
+    assert!(!held_as_masked(&[2, 2], 2, Some(1), 5, 2));
+    // small top-k: one masked slot at least
+    assert!(!held_as_masked(&[], 0, Some(1), 2, 2));
+    assert!(held_as_masked(&[2], 1, Some(1), 2, 2));
+    assert!(!held_as_masked(&[2], 1, Some(1), 2, 1));
+    assert!(!held_as_masked(&[], 0, None, 1, 2));
+}
+
+#[test]
 fn verification_batches_do_not_change_the_outcome() {
     // With 16 threads the loop fingerprints up to four candidates at once (one thread: one);
     // the candidates, their order and the counts of tests must not depend on it.

@@ -775,11 +775,13 @@ def _rescale(
 
 
 def _loop_split(raw: Any, forloop: int, where: str) -> int:
-    """``loop_split``: a power of two dividing the for-loop."""
+    """``loop_split``: a power of two no larger than the for-loop (its parts' shares differ
+    by at most one iteration)."""
     split = _int(raw, where, "loop_split", 1)
-    if split & (split - 1) or forloop % split:
+    if split < 1 or split & (split - 1) or split > max(forloop, 1):
         raise _err(
-            where, f"loop_split {split} is not a power of two dividing forloop_range {forloop}"
+            where,
+            f"loop_split {split} is not a power of two no larger than forloop_range {forloop}",
         )
     return split
 
