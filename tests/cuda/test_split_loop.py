@@ -229,6 +229,23 @@ def test_split_pipeline_depth() -> None:
     assert stages == min(DEEP_STAGES, 4, smem // k.smem_bytes) > table["attn"]["num_stages"]
 
 
+@pytest.mark.parametrize("tl,want", [(64, 3), (256, 2), (512, 1)])
+def test_a_forced_depth_is_lowered_where_tritons_buffers_cannot_fit(tl: int, want: int) -> None:
+    """A forced ``num_stages`` (the quarter split's default depth) is printed as deep as
+    Triton's ``num_stages - 1`` stage buffers fit ``smem_limit``: K and V tiles of ``tl``
+    keys (d 128, float16) stream 512·tl bytes per stage, so three stages fit for 64 keys,
+    two for 256 and one for 512. Before, the runtime lowered it at the first launch, one
+    recompilation per step; without a limit the forced depth stands."""
+    from yirage_triton import TritonOptions, generate_triton
+
+    case = plans.attention_fused(batch=4, rows=4, d=128, kv_len=4096, tl=tl, dtype="float16")
+    smem = 227 * 1024
+    forced = TritonOptions(smem_limit=smem, num_stages=3)
+    assert _kernels_table(generate_triton(case.plan, forced).text)["attn"]["num_stages"] == want
+    free = TritonOptions(num_stages=3)
+    assert _kernels_table(generate_triton(case.plan, free).text)["attn"]["num_stages"] == 3
+
+
 def test_warmup_compiles_without_running() -> None:
     """The printed ``warmup(inputs)`` queues every generated kernel's compilation (the part
     and combine kernels of a split loop included) and allocates, never runs, library
@@ -281,7 +298,7 @@ def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
         2,
     ]
     # one block per SM: the quarter keeps the default pipeline depth whatever the plan's
-    # shared-memory estimate allows (the runtime lowers it if Triton's buffers do not fit)
+    # shared-memory estimate allows, wherever Triton's own buffers for it fit
     quarter = _kernels_table(src.triton_variants["triton_split_quarter"].text)["gated_mlp"]
     assert quarter["num_stages"] == DEFAULT_STAGES
     assert (

@@ -142,7 +142,8 @@ class TritonOptions:
     loop streams tiles and that many stage buffers fit in ``smem_limit``, else fewer; 1 without
     a streaming loop). ``fp32_dot_precision``: ``input_precision`` of ``tl.dot`` on fp32
     operands ("ieee", "tf32", "tf32x3"). ``smem_limit``: shared memory per block (bytes) the
-    stage count must respect (None: not checked). ``bf16_dot_as_fp32``: multiply bfloat16
+    stage count must respect (None: not checked; a forced ``num_stages`` is lowered only
+    where Triton's own ``num_stages - 1`` buffers would not fit). ``bf16_dot_as_fp32``: multiply bfloat16
     tiles as fp32 (the Triton interpreter's ``tl.dot`` is wrong on bfloat16 operands in
     Triton 3.9, so the interpreter backend sets it; GPUs never need it). ``split_loop``:
     (kernel name, S) pairs; such a kernel is printed as a part kernel running 1/S of its
@@ -1165,7 +1166,7 @@ class _KernelPrinter:
     # -- kernel ----------------------------------------------------------------------------
     def stages(self) -> int:
         if self.opts.num_stages is not None:
-            return self.opts.num_stages
+            return self._forced_stages(self.opts.num_stages)
         streams = any(a.uses_iter() for a in self.k.inputs)
         if self.k.forloop_range <= 1 or not streams:
             return 1
@@ -1174,6 +1175,21 @@ class _KernelPrinter:
             per_stage, reserve = self.pipelined_bytes()
             room = self.opts.smem_limit - reserve
             st = max(1, min(st, room // max(1, per_stage)))
+        return st
+
+    def _forced_stages(self, st: int) -> int:
+        """A depth the options force (``num_stages``), lowered where Triton's buffers for it
+        cannot fit ``smem_limit``: Triton keeps ``st - 1`` stage buffers (a GQA part kernel
+        streaming 136 KB per stage asked 344 KB at three stages). The runtime would lower
+        such a depth at the first launch, one recompilation at a time (1.1-1.5 s each on
+        the H200 host, inside the numeric check); here it costs nothing."""
+        if not self.opts.smem_limit or st <= 1:
+            return st
+        if self.k.forloop_range <= 1 or not any(a.uses_iter() for a in self.k.inputs):
+            return st
+        per_stage, reserve = self.pipelined_bytes()
+        while st > 1 and (st - 1) * per_stage + reserve > self.opts.smem_limit:
+            st -= 1
         return st
 
     def pipelined_bytes(self) -> tuple[int, int]:
