@@ -144,8 +144,9 @@ class TritonOptions:
     operands ("ieee", "tf32", "tf32x3"). ``smem_limit``: shared memory per block (bytes) the
     stage count must respect (None: not checked; a forced ``num_stages`` is lowered only
     where Triton's own ``num_stages - 1`` buffers would not fit). ``bf16_dot_as_fp32``:
-    multiply bfloat16 tiles as fp32 (the Triton interpreter's ``tl.dot`` is wrong on bfloat16 operands in
-    Triton 3.9, so the interpreter backend sets it; GPUs never need it). ``split_loop``:
+    multiply bfloat16 tiles as fp32 (the Triton interpreter's ``tl.dot`` is wrong on bfloat16
+    operands in Triton 3.9, so the interpreter backend sets it; GPUs never need it).
+    ``split_loop``:
     (kernel name, S) pairs; such a kernel is printed as a part kernel running 1/S of its
     for-loop in S times as many blocks (the plan's ``loop_split``) whose last part per block
     combines the parts, or with ``last_block_combine`` off a separate combine kernel does.
