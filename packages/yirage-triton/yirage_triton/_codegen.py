@@ -147,8 +147,9 @@ class TritonOptions:
     multiply bfloat16 tiles as fp32 (the Triton interpreter's ``tl.dot`` is wrong on bfloat16
     operands in Triton 3.9, so the interpreter backend sets it; GPUs never need it).
     ``split_loop``: (kernel name, S) pairs; such a kernel is printed as a part kernel running
-    1/S of its for-loop in S times as many blocks (the plan's ``loop_split``) whose last part per block
-    combines the parts, or with ``last_block_combine`` off a separate combine kernel does.
+    1/S of its for-loop in S times as many blocks (the plan's ``loop_split``) whose last
+    part per block combines the parts, or with ``last_block_combine`` off a separate combine
+    kernel does.
     ``scale_after_dot``: a matmul operand divided by a vector that is constant along the
     contracted dim (qknorm's K tile over its row norms) is multiplied raw and the product
     scaled instead (see :meth:`_KernelPrinter._scaled_after_dot`); the backend profiles it as
