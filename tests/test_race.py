@@ -394,8 +394,14 @@ def test_a_close_cold_win_must_hold_with_the_inputs_in_cache() -> None:
     notes.clear()
     warm[close.key] = 20.0
     assert _race.prefer_baseline([close, base], _is_library, notes, by_key)[0] is close
-    # outside the window the cold win stands whatever the warm times say
+    # outside the window the cold win stands unless the warm loss undoes it: 100/110 cold
+    # against 30/21.7 warm is a product above 1, 27/21.7 one below
+    assert _race.prefer_baseline([far, base], _is_library, notes, by_key)[0] is base
+    assert len(notes) == 1 and "30.0" in notes[0] and "21.7" in notes[0]
+    notes.clear()
+    warm[far.key] = 23.0
     assert _race.prefer_baseline([far, base], _is_library, notes, by_key)[0] is far
+    assert not notes
     # no warm times (the backend has none), or no warm function: the cold win stands
     assert _race.prefer_baseline([close, base], _is_library, notes, lambda c: None)[0] is close
     assert _race.prefer_baseline([close, base], _is_library, notes)[0] is close

@@ -761,7 +761,8 @@ def choose(
     """The winner: the fastest contender, or among those tied on cold-cache time the one
     fastest with its inputs in cache; library kernels unless a generated contender beats them
     by more than ``BASELINE_MARGIN`` (and, within ``BASELINE_WARM_WINDOW``, with its inputs in
-    cache too). Fills in the report's per-candidate times and its choice."""
+    cache too; past it, by more than its warm loss). Fills in the report's per-candidate
+    times and its choice."""
     inputs = _timed_inputs(run, tensors)
     with run.stand_in():
         ranked = _race.break_cold_ties(run.be, ranked, inputs, run.report.notes)
