@@ -73,6 +73,12 @@ pub const RUNNER_UP_RATIO: f64 = 1.10;
 /// at kv 16384 as two kernels was predicted 52 µs and ran 76; the single fused kernel,
 /// predicted 55, ran 54).
 pub const FEWEST_KERNELS_RATIO: f64 = 1.25;
+/// Candidates estimated slower than this factor times the best estimate, and slower than the
+/// library baseline's estimate too, are not fingerprinted: the baseline always races, and
+/// the race's screen drops what runs 1.5x the fastest. QK-norm GQA over 3000 keys had 4
+/// close candidates verified and then tested 44 more at 11x the best estimate (107 against
+/// 9.3 µs, the baseline 35.7), all rejected: 14 of its 19 s of search on 2 cores.
+pub const HOPELESS_RATIO: f64 = 3.0;
 
 /// Whether a kernel of `g` has a masked edge tile (a grid that does not divide its dim, or
 /// a masked loop).
@@ -1145,6 +1151,12 @@ fn conclude(
             rejects.over_time
         ));
     }
+    if rejects.hopeless > 0 {
+        notes.push(format!(
+            "{} candidate(s) were left unverified: estimated slower than {HOPELESS_RATIO}x the best estimate and than the library baseline",
+            rejects.hopeless
+        ));
+    }
     if rejects.over_work > 0 {
         notes.push(format!(
             "{} candidate(s) were left unverified: their fingerprint checks would have taken the verification past verify_work_limit = {} units of work; pass a larger one (or None) to check them",
@@ -1217,6 +1229,8 @@ struct Unchecked {
     over_work: usize,
     /// The loop stopped at `max_verify` tests with candidates left.
     max_verify: bool,
+    /// Left untested past [`HOPELESS_RATIO`] (slower than the library baseline too).
+    hopeless: usize,
 }
 
 /// The verification loop: fingerprint the candidates of `space` in estimate order until
@@ -1276,6 +1290,8 @@ fn verify_space(
     let mut second = false;
     let mut queue = order.clone();
     let mut qi = 0;
+    let library_us = graph_cost(target, spec).unwrap_or(f64::INFINITY);
+    let hopeless = |est: f64| est > HOPELESS_RATIO * best_est && est > library_us;
     loop {
         if qi >= queue.len() {
             if second || skipped.is_empty() {
@@ -1290,6 +1306,12 @@ fn verify_space(
         qi += 1;
         if verified.len() >= cfg.top_k {
             break;
+        }
+        if hopeless(r.est_us) {
+            // every later one of this pass too (both are in estimate order)
+            unchecked.hopeless += queue.len() - (qi - 1);
+            qi = queue.len();
+            continue;
         }
         if tests >= cfg.max_verify {
             unchecked.max_verify = true;
