@@ -350,3 +350,30 @@ def test_check_inputs_drawn_on_the_gpu(gpu: Any, monkeypatch: pytest.MonkeyPatch
     warm = yr.superoptimize(g, backend=gpu, top_k=2, time_limit=15)
     assert warm.report.from_cache and warm.report.check_seed == cold.report.check_seed
     assert warm.report.max_rel_err is not None and warm.report.max_rel_err <= 1e-2
+
+
+#: Loops their split does not divide (part p of S walks ⌊p·F/S⌋ .. ⌊(p+1)·F/S⌋): attention
+#: over 6000 keys in 94 masked tiles of 64 (the form GQA decode at kv 6000 runs), and
+#: RMSNorm + Linear over a hidden size of 4000 in 63 masked tiles of 64.
+UNEVEN_GPU = [
+    (plans.attention_fused(batch=32, rows=4, d=128, kv_len=6000, tl=64, dtype="float16"), 16),
+    (plans.attention_fused(batch=32, rows=4, d=128, kv_len=6000, tl=64, dtype="float16"), 4),
+    (plans.rmsnorm_linear(b=8, h=4000, n=1024, tn=64, tk=64, dtype="float16"), 8),
+]
+
+
+@pytest.mark.parametrize("case,split", UNEVEN_GPU, ids=["attn-94-s16", "attn-94-s4", "rms-63-s8"])
+def test_uneven_splits_on_the_gpu(gpu: Any, case: plans.Case, split: int) -> None:
+    """Split printings whose parts walk shares one iteration apart, compiled by Triton for
+    the device, against float64 (a part kernel walking one iteration too many or too few is
+    off by a whole tile of keys or of the hidden size)."""
+    from yirage_cuda import CudaBackend
+    from yirage_triton import TritonOptions
+
+    (k,) = [k for k in case.plan["kernels"] if k["kind"] == "generated"]
+    assert k["forloop_range"] % split, "fixture must not divide"
+    be = CudaBackend(cuda_cpp=False, triton_options=TritonOptions(split_loop=((k["name"], split),)))
+    kernel = be.load(be.compile(be.codegen(case.plan)))
+    outs, xs = run(be, kernel, case)
+    for o, r in zip(outs, case.reference(*xs), strict=True):
+        assert rel_err(o, r) <= TOL["float16"]
