@@ -6,8 +6,10 @@ numpy. Where the plan carries a shift across kernels, it follows the plan: ``sca
 are stored times exp(-m), m the row max of the group's exp argument over the block's loop
 (the max the printers keep), m is stored at ``shift_store``, and an input with a
 ``shift_load`` is multiplied back by exp(m) when loaded (float64 holds that up to m ≈ 709).
-The CPU and CUDA tests share it to check that plans (hand-built or searched) compute their
-workload, independently of any printer. ``rel_err`` is the relative Frobenius error they report.
+Masked accesses read zeros past the buffer's extent and store nothing there; a masked exp
+is zero where its loop index runs past the extent. The CPU and CUDA tests share it to check
+that plans (hand-built or searched) compute their workload, independently of any printer.
+``rel_err`` is the relative Frobenius error they report.
 """
 
 from __future__ import annotations
@@ -81,8 +83,16 @@ def _slices(start: list[int], tile: list[int]) -> tuple[slice, ...]:
 
 
 def _load(inp: dict[str, Any], bufs: dict[int, np.ndarray], env: dict[str, int]) -> np.ndarray:
-    """An input tile, multiplied back by exp(m) where it was stored shifted."""
-    x = bufs[inp["buffer"]][_slices(_start(inp["offsets"], env), inp["tile"])].copy()
+    """An input tile (zeros past the buffer's extent in its masked dims), multiplied back by
+    exp(m) where it was stored shifted."""
+    start, tile = _start(inp["offsets"], env), inp["tile"]
+    x = bufs[inp["buffer"]][_slices(start, tile)].copy()
+    if x.shape != tuple(tile):
+        masked = {m["dim"] for m in inp.get("masked", [])}
+        short = {d for d, (a, b) in enumerate(zip(x.shape, tile, strict=True)) if a != b}
+        if not short <= masked:
+            raise ValueError(f"unmasked access past the buffer in dims {sorted(short - masked)}")
+        x = np.pad(x, [(0, b - a) for a, b in zip(x.shape, tile, strict=True)])
     load = inp.get("shift_load")
     if load is not None:
         m = bufs[load["buffer"]][_slices(_start(load["offsets"], env), load["tile"])]
@@ -120,7 +130,12 @@ def run_generated(k: dict[str, Any], bufs: dict[int, np.ndarray]) -> None:
             if kind == "matmul":
                 return a[0] @ a[1]
             if kind == "unary":
-                return unary(o["unop"], a[0], o.get("params", []))
+                y = unary(o["unop"], a[0], o.get("params", []))
+                for m in o.get("masked", []):  # a masked loop's padding: exp is zero there
+                    d, n = m["dim"], y.shape[m["dim"]]
+                    past = env["iter"] * n + np.arange(n) >= m["extent"]
+                    y[(slice(None),) * d + (past,)] = 0.0
+                return y
             if kind == "binary":
                 return binary(o["binop"], a[0], a[1])
             if kind == "reduction":
@@ -166,7 +181,8 @@ def run_generated(k: dict[str, Any], bufs: dict[int, np.ndarray]) -> None:
             v = vals[out["src"]]
             if i in shifts:
                 v = v * np.exp(-shifts[i])
-            bufs[out["buffer"]][_slices(_start(out["offsets"], env), out["tile"])] = v
+            dst = bufs[out["buffer"]][_slices(_start(out["offsets"], env), out["tile"])]
+            dst[...] = v[tuple(slice(0, n) for n in dst.shape)]  # nothing past the extent
         for e, g in groups.items():
             st = g["shift_store"]
             bufs[st["buffer"]][_slices(_start(st["offsets"], env), st["tile"])] = maxima[e]
