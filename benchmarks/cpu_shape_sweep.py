@@ -1,15 +1,19 @@
 """Random shapes of the bundled workloads on the cpu backend: superoptimize each (no cache),
 then compare the kernel on fresh inputs at three scales (x1, x30, x0.001) with the float64
-reference rounded to the output dtype. A correctness sweep, not a benchmark: it prints one
-line per shape and exits 1 if any shape failed.
+reference rounded to the output dtype. A correctness sweep: it prints one line per shape and
+exits 1 if any shape failed. With ``--time`` it also times the kernel against the workload in
+PyTorch eager on the same inputs (interleaved calls, medians) and counts the shapes where
+yirage is more than 5% slower; those do not fail the sweep (timings on a shared machine are
+for the benchmark report, not a pass/fail).
 
-    python benchmarks/cpu_shape_sweep.py --seed 23 --count 60
+    python benchmarks/cpu_shape_sweep.py --seed 23 --count 60 [--time]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 from typing import Any
@@ -70,15 +74,39 @@ def worst_error(wl: Any, kernel: Any, graph: yr.KernelGraph, tdt: Any) -> float:
     return worst
 
 
+def eager_ratio(wl: Any, kernel: Any, graph: yr.KernelGraph, tdt: Any) -> tuple[float, float]:
+    """(yirage µs, eager µs): medians of 15 interleaved rounds of enough calls each for ~2 ms."""
+    ins = [torch.randn(*t.dims).to(tdt) for t in graph.inputs]
+
+    def per_call(fn: Any) -> float:
+        fn()
+        n, t = 1, 0.0
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            t = time.perf_counter() - t0
+            if t > 2e-3 or n >= 4096:
+                return t / n * 1e6
+            n *= 2
+
+    ours, theirs = [], []
+    for _ in range(15):
+        ours.append(per_call(lambda: kernel(*ins)))
+        theirs.append(per_call(lambda: wl.reference(*ins)))
+    return statistics.median(ours), statistics.median(theirs)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--count", type=int, default=20)
+    ap.add_argument("--time", action="store_true", help="time each kernel against eager")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     names = _workloads.workload_names()
-    failed = 0
+    failed, slower, ratios = 0, 0, []
     for i in range(args.count):
         name, dk = rng.choice(names), rng.choice(["f32", "f32", "bf16", "f16"])
         dt, tdt, tol = DTYPES[dk]
@@ -90,12 +118,21 @@ def main() -> int:
         err = worst_error(wl, kernel, graph, tdt)
         ok = err <= tol
         failed += not ok
+        timing = ""
+        if args.time:
+            ours, eager = eager_ratio(wl, kernel, graph, tdt)
+            ratios.append(eager / ours)
+            slower += ours > 1.05 * eager
+            timing = f" {ours:.1f} µs vs eager {eager:.1f} µs ({eager / ours:.2f}x)"
         print(
             f"[{i}] {'ok ' if ok else 'BAD'} {name} {dk} {shape} err {err:.2e} "
-            f"{time.perf_counter() - t0:.1f}s {kernel.report.chosen_description[:80]}",
+            f"{time.perf_counter() - t0:.1f}s{timing} {kernel.report.chosen_description[:80]}",
             flush=True,
         )
     print(f"{failed} of {args.count} failed")
+    if args.time:
+        geo = statistics.geometric_mean(ratios)
+        print(f"{slower} of {args.count} more than 5% slower than eager; geomean {geo:.2f}x")
     return 1 if failed else 0
 
 
