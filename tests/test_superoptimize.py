@@ -345,6 +345,14 @@ def test_device_spec_pins_the_search_and_keys_the_decision(
     assert len(seen) == 2
 
 
+def _one_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cpu backend with one printing per plan (no ``torch_eager`` beside the baseline's
+    C): the race tests below count launchers, two candidates, one contender each."""
+    from yirage_cpu._backend import CpuBackend
+
+    monkeypatch.setattr(CpuBackend, "variants", lambda self, launcher: {"default": launcher})
+
+
 def test_candidates_far_behind_stop_being_profiled(monkeypatch: pytest.MonkeyPatch) -> None:
     from yirage_cpu._backend import CpuBackend
     from yirage_cpu._runtime import ProfileResult
@@ -359,6 +367,7 @@ def test_candidates_far_behind_stop_being_profiled(monkeypatch: pytest.MonkeyPat
 
     times: dict[int, float] = {}
     monkeypatch.setattr(CpuBackend, "profile", steady)
+    _one_variant(monkeypatch)
     _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
     k = superoptimize(_rms_graph(), backend="cpu")
     fast, slow = sorted(calls_of, key=lambda i: times[i])
@@ -391,6 +400,7 @@ def test_cold_ties_are_broken_by_the_warm_time(
 
     monkeypatch.setattr(CpuBackend, "profile", cold)
     monkeypatch.setattr(CpuBackend, "warm_time_us", warm_time)
+    _one_variant(monkeypatch)
     _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
     k = superoptimize(_rms_graph(), backend="cpu")
     switched = warm is not None and warm[1] < warm[0]
@@ -422,6 +432,7 @@ def test_no_warm_tie_break_beyond_the_ratio(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(CpuBackend, "profile", cold)
     monkeypatch.setattr(CpuBackend, "warm_time_us", warm_time)
+    _one_variant(monkeypatch)
     _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
     k = superoptimize(_rms_graph(), backend="cpu")
     # no tie-break; the warm times are asked once each, for the baseline's warm-loss check

@@ -6,12 +6,20 @@ Verification level: ran on hardware (the generated C runs on the host CPU in CI)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import importlib.util
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from yirage.plugin import Backend, BackendError, DeviceSpec, ProbeResult, VerificationLevel
-from yirage_cpu import _codegen, _device_spec, _probe, _runtime, _toolchain
+from yirage.plugin import (
+    DEFAULT_VARIANT,
+    Backend,
+    BackendError,
+    DeviceSpec,
+    ProbeResult,
+    VerificationLevel,
+)
+from yirage_cpu import _codegen, _device_spec, _eager, _probe, _runtime, _toolchain
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,20 @@ class CpuBackend(Backend):
             _toolchain.forget(artifact.library)
             rebuilt = self.compile(artifact.source)
             return _runtime.CpuLauncher(rebuilt.source, rebuilt.library)
+
+    def variants(self, launcher: Any) -> Mapping[str, Any]:
+        """The generated C (``DEFAULT_VARIANT``) and, for a plan of library kernels alone
+        where torch is installed, the same plan as PyTorch eager runs it
+        (:mod:`yirage_cpu._eager`, ``torch_eager``): numpy's library calls are well behind
+        eager on compute-bound graphs, and the race must have eager among its contenders."""
+        out: dict[str, Any] = {DEFAULT_VARIANT: launcher}
+        if (
+            isinstance(launcher, _runtime.CpuLauncher)
+            and _eager.eager_applies(launcher.program.plan)
+            and importlib.util.find_spec("torch") is not None
+        ):
+            out[_eager.EAGER_VARIANT] = _eager.EagerLauncher(launcher)
+        return out
 
     def profile(
         self, launcher: Any, inputs: Sequence[Any] | None = None, **options: Any
