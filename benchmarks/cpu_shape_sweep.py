@@ -126,7 +126,8 @@ def main() -> int:
             timing = f" {ours:.1f} µs vs eager {eager:.1f} µs ({eager / ours:.2f}x)"
         print(
             f"[{i}] {'ok ' if ok else 'BAD'} {name} {dk} {shape} err {err:.2e} "
-            f"{time.perf_counter() - t0:.1f}s{timing} {kernel.report.chosen_description[:70]} ({kernel.report.chosen_variant})",
+            f"{time.perf_counter() - t0:.1f}s{timing} "
+            f"{kernel.report.chosen_description[:70]} ({kernel.report.chosen_variant})",
             flush=True,
         )
     print(f"{failed} of {args.count} failed")
