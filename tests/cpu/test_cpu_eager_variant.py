@@ -92,6 +92,9 @@ def test_the_eager_variant_refuses_bad_inputs() -> None:
         eager(x, np.zeros((48, 64), np.float32))
     out = np.empty((4, 48), np.float32)
     assert eager.run([x, w], outputs=[out])[0] is out
+    # tensors that require grad are read without autograd, as the C launcher reads them
+    (y,) = eager(torch.from_numpy(x).requires_grad_(True), torch.from_numpy(w))
+    assert not y.requires_grad
 
 
 def test_superoptimize_races_the_eager_variant() -> None:

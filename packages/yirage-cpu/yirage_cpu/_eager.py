@@ -111,8 +111,9 @@ class EagerLauncher:
                     f"{want}, got {tuple(t.shape)} {t.dtype} on {t.device}"
                 )
             vals[bid] = t
-        for fn, args, out in self._steps:
-            vals[out] = fn(*[vals[i] for i in args])
+        with torch.no_grad():  # as the C launcher: tensors that require grad are read only
+            for fn, args, out in self._steps:
+                vals[out] = fn(*[vals[i] for i in args])
         results = []
         for i, (bid, dtype, dims, np_ok) in enumerate(self._out):
             r = vals[bid]
