@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from yirage.plugin import BackendError, ShapeError
-from yirage_cpu._runtime import CpuLauncher, TensorArgumentError
+from yirage_cpu._runtime import CallsRun, CpuLauncher, TensorArgumentError
 
 __all__ = ["EAGER_VARIANT", "EagerLauncher", "eager_applies"]
 
@@ -37,12 +37,10 @@ def eager_applies(plan: Mapping[str, Any]) -> bool:
     )
 
 
-class EagerLauncher:
+class EagerLauncher(CallsRun):
     """Runs a library-only plan with torch on CPU tensors (numpy arrays are wrapped without a
     copy); returns numpy arrays where the base launcher would (float32 and float16 inputs
     given as numpy), torch tensors otherwise."""
-
-    language = "torch"
 
     def __init__(self, base: CpuLauncher) -> None:
         import torch
@@ -51,7 +49,6 @@ class EagerLauncher:
         if not eager_applies(plan):
             raise BackendError("the torch_eager variant runs plans of library kernels only")
         self._torch = torch
-        self.plan = plan
         self._buffers = {int(b["id"]): b for b in plan["buffers"]}
         self._inputs = sorted(
             (b for b in plan["buffers"] if b["role"] == "input"), key=lambda b: b["index"]
@@ -82,15 +79,6 @@ class EagerLauncher:
             )
             for b in self._outputs
         ]
-
-    def __call__(self, *tensors: Any, inputs: Sequence[Any] | None = None) -> list[Any]:
-        if inputs is not None:
-            if tensors:
-                raise TensorArgumentError(
-                    "pass the inputs either positionally or as inputs=[...], not both"
-                )
-            tensors = tuple(inputs)
-        return self.run(tensors)
 
     def run(self, tensors: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
         torch = self._torch

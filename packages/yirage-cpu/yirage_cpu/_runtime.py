@@ -360,7 +360,24 @@ def _load_library(path: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
 
 
-class CpuLauncher:
+class CallsRun:
+    """``launcher(*tensors)`` or ``launcher(inputs=[...])`` → ``launcher.run(tensors)``: the
+    call convention of every cpu launcher (the C one and the ``torch_eager`` one)."""
+
+    def run(self, tensors: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
+        raise NotImplementedError
+
+    def __call__(self, *tensors: Any, inputs: Sequence[Any] | None = None) -> list[Any]:
+        if inputs is not None:
+            if tensors:
+                raise TensorArgumentError(
+                    "pass the inputs either positionally or as inputs=[...], not both"
+                )
+            tensors = tuple(inputs)
+        return self.run(tensors)
+
+
+class CpuLauncher(CallsRun):
     """A loaded CPU program: call it with the graph's inputs, get the list of outputs."""
 
     backend = "cpu"
@@ -441,15 +458,6 @@ class CpuLauncher:
             st = (bufs, ptrs)
             self._local.state = st
         return st
-
-    def __call__(self, *tensors: Any, inputs: Sequence[Any] | None = None) -> list[Any]:
-        if inputs is not None:
-            if tensors:
-                raise TensorArgumentError(
-                    "pass the inputs either positionally or as inputs=[...], not both"
-                )
-            tensors = tuple(inputs)
-        return self.run(tensors)
 
     def run(self, tensors: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
         n = len(self._inputs)
