@@ -18,7 +18,7 @@ use crate::dense::{self, Dense};
 use crate::domain::Domain;
 use crate::error::{eval_err, CoreError, Result};
 use crate::kernel_graph::{KernelGraph, KernelOpKind};
-use crate::masked_loop::masked_exps;
+use crate::masked_loop::{masked_exps, padded_divisors};
 use crate::ops::{AccumKind, BinaryOp, UnaryOp};
 use crate::phase::Phase;
 use crate::shape::fmt_dims;
@@ -526,10 +526,13 @@ fn compute_tile<D: Domain>(
     })
 }
 
-/// The exps of a masked loop whose padded elements are zero ([`masked_exps`]): per op, the
-/// tile dim the padding runs along, and the loop's extent.
+/// What the executor does at a masked loop's padding: the exps whose padded elements are
+/// zero ([`masked_exps`]: per op, the tile dim the padding runs along) and the divisors
+/// whose padded elements are taken as 1 ([`padded_divisors`]: per op, its operand and the
+/// operand's padded dims), and the loop's extent.
 struct MaskedExps {
     dim_of: Vec<Option<usize>>,
+    divisor_of: Vec<Option<(usize, Vec<usize>)>>,
     extent: usize,
 }
 
@@ -539,28 +542,57 @@ impl MaskedExps {
         for (i, dim) in masked_exps(bg) {
             dim_of[i] = Some(dim);
         }
+        let mut divisor_of = vec![None; bg.ops().len()];
+        for (i, x, dims) in padded_divisors(bg) {
+            divisor_of[i] = Some((x, dims));
+        }
         MaskedExps {
             dim_of,
+            divisor_of,
             extent: bg.loop_extent().unwrap_or(usize::MAX),
         }
     }
 
-    /// Zero the elements of exp `i`'s tile `t` that lie past the extent in iteration `it`.
-    fn apply<V: Copy>(&self, i: usize, it: usize, t: &mut Dense<V>, zero: V) {
-        let Some(dim) = self.dim_of[i] else {
-            return;
-        };
-        let size = t.dims[dim];
-        let valid = self.extent.saturating_sub(it * size).min(size);
-        if valid == size {
-            return;
-        }
-        let inner: usize = t.dims[dim + 1..].iter().product();
-        for (k, v) in t.data.iter_mut().enumerate() {
-            if (k / inner) % size >= valid {
-                *v = zero;
+    /// Set the elements of `t` that lie past the extent along any of `dims` in iteration
+    /// `it` to `v`; whether any did.
+    fn fill_padding<V: Copy>(&self, dims: &[usize], it: usize, t: &mut Dense<V>, v: V) -> bool {
+        let mut any = false;
+        for &dim in dims {
+            let size = t.dims[dim];
+            let valid = self.extent.saturating_sub(it * size).min(size);
+            if valid == size {
+                continue;
+            }
+            any = true;
+            let inner: usize = t.dims[dim + 1..].iter().product();
+            for (k, x) in t.data.iter_mut().enumerate() {
+                if (k / inner) % size >= valid {
+                    *x = v;
+                }
             }
         }
+        any
+    }
+
+    /// Zero the elements of exp `i`'s tile `t` that lie past the extent in iteration `it`.
+    fn apply<V: Copy>(&self, i: usize, it: usize, t: &mut Dense<V>, zero: V) {
+        if let Some(dim) = self.dim_of[i] {
+            self.fill_padding(&[dim], it, t, zero);
+        }
+    }
+
+    /// Op `i`'s divisor in iteration `it` with its padded elements set to `one`, when it has
+    /// padding there: (operand op, patched tile).
+    fn divisor<V: Copy>(
+        &self,
+        i: usize,
+        it: usize,
+        vals: &[Option<Dense<V>>],
+        one: V,
+    ) -> Option<(usize, Dense<V>)> {
+        let (x, dims) = self.divisor_of[i].as_ref()?;
+        let mut t = vals.get(*x)?.as_ref()?.clone();
+        self.fill_padding(dims, it, &mut t, one).then_some((*x, t))
     }
 }
 
@@ -627,7 +659,14 @@ fn run_one_block<D: Domain>(
                 }
                 other => {
                     if tiles[i].phase == Phase::LoopBody {
-                        let mut t = compute_tile(d, other, &vals, signs, dimx)?;
+                        // a padded divisor divides by 1 there (0⁻¹ is not a value)
+                        let patched = exps.divisor(i, it, &vals, d.constant(1.0));
+                        let kept = patched.map(|(x, t)| (x, vals[x].replace(t)));
+                        let t = compute_tile(d, other, &vals, signs, dimx);
+                        if let Some((x, orig)) = kept {
+                            vals[x] = orig;
+                        }
+                        let mut t = t?;
                         exps.apply(i, it, &mut t, d.zero());
                         vals[i] = Some(t);
                     }
@@ -658,6 +697,7 @@ fn run_one_block<D: Domain>(
 mod masked_tests {
     //! Masked edge tiles: a grid that does not divide a free dim computes the target exactly.
     use crate::block_graph::BlockGraph;
+    use crate::dense::Dense;
     use crate::dense::Tensor;
     use crate::fingerprint::equivalent;
     use crate::kernel_graph::KernelGraph;
@@ -895,6 +935,75 @@ mod masked_tests {
         assert!(equivalent(&plain, &fused, 2, 11).unwrap());
         // 67 in 6 tiles of 12 (the last owning 7) agrees as well
         assert!(equivalent(&plain, &attention_pair(67, 6, None).1, 2, 11).unwrap());
+    }
+
+    /// Attention over keys normalised per column, `softmax(Q·(Kt / ‖Kt‖))·V` (QK-norm's key
+    /// norm without eps), as plain ops and as one block walking kv in `f` iterations: the
+    /// norm divides every key tile by its column norms, which the masked loop's padding makes
+    /// 0 / 0.
+    fn normed_key_attention_pair(kv: i64, f: i64) -> (KernelGraph, KernelGraph) {
+        let mut plain = KernelGraph::new();
+        let q = plain.new_input(&[8, 16], F).unwrap();
+        let kt = plain.new_input(&[16, kv], F).unwrap();
+        let v = plain.new_input(&[kv, 8], F).unwrap();
+        let sq = plain.unary(UnaryOp::Square, kt).unwrap();
+        let ss = plain.reduction(sq, 0).unwrap();
+        let n = plain.unary(UnaryOp::Sqrt, ss).unwrap();
+        let kn = plain.binary(BinaryOp::Div, kt, n).unwrap();
+        let s = plain.matmul(q, kn).unwrap();
+        let p = plain.softmax(s, -1).unwrap();
+        let o = plain.matmul(p, v).unwrap();
+        plain.mark_output(o).unwrap();
+        let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], f, 1).unwrap();
+        let bq = b.new_input(&[8, 16], F, [-1; 3], -1).unwrap();
+        let bk = b.new_input(&[16, kv], F, [-1; 3], 1).unwrap();
+        let bv = b.new_input(&[kv, 8], F, [-1; 3], 0).unwrap();
+        let sq = b.unary(UnaryOp::Square, bk).unwrap();
+        let ss = b.reduction(sq, 0).unwrap();
+        let n = b.unary(UnaryOp::Sqrt, ss).unwrap();
+        let kn = b.binary(BinaryOp::Div, bk, n).unwrap();
+        let s = b.matmul(bq, kn).unwrap();
+        let e = b.unary(UnaryOp::Exp, s).unwrap();
+        let pv = b.matmul(e, bv).unwrap();
+        let rs = b.reduction(e, 1).unwrap();
+        let acc = b.forloop_accum(pv, AccumKind::Iter).unwrap();
+        let den = b.forloop_accum(rs, AccumKind::Iter).unwrap();
+        let o = b.binary(BinaryOp::Div, acc, den).unwrap();
+        b.new_output(o, [-1; 3]).unwrap();
+        let mut g = KernelGraph::new();
+        let ins: Vec<_> = [vec![8, 16], vec![16, kv], vec![kv, 8]]
+            .iter()
+            .map(|d| g.new_input(d, F).unwrap())
+            .collect();
+        let outs = g.customized(&ins, &b).unwrap();
+        g.mark_output(outs[0]).unwrap();
+        (plain, g)
+    }
+
+    #[test]
+    fn padded_divisors_divide_by_one_and_leave_the_field_decisive() {
+        use crate::field::Fv;
+        use crate::fingerprint::FieldDomain;
+        // kv = 67 in 5 tiles of 14: the last tile's 3 padded key columns have norm 0
+        let (plain, fused) = normed_key_attention_pair(67, 5);
+        let ins = [data(&[8, 16], 7), data(&[16, 67], 8), data(&[67, 8], 9)];
+        assert_same_values(&plain, &fused, &ins);
+        assert!(equivalent(&plain, &fused, 2, 11).unwrap());
+        // the field takes 0⁻¹ as 0 and flags it, which makes a trial undecided; the padding's
+        // quotients are never read, so the masked loop divides them by 1 and nothing is flagged
+        let field = |dims: &[usize], salt: i128| Dense {
+            dims: dims.to_vec(),
+            data: (0..dims.iter().product::<usize>())
+                .map(|i| Fv::from_int(1 + (i as i128 * 7919 + salt) % 1009))
+                .collect(),
+        };
+        let fins = vec![field(&[8, 16], 1), field(&[16, 67], 2), field(&[67, 8], 3)];
+        let d = FieldDomain::new(3, 0);
+        let want = super::run_kernel_graph(&d, &plain, fins.clone()).unwrap();
+        assert!(!d.saw_zero_divisor());
+        let d = FieldDomain::new(3, 0);
+        assert_eq!(super::run_kernel_graph(&d, &fused, fins).unwrap(), want);
+        assert!(!d.saw_zero_divisor(), "the padding's 0 / 0 was flagged");
     }
 
     #[test]

@@ -199,6 +199,44 @@ pub fn masked_exps(bg: &BlockGraph) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// The divisors of `bg` that carry the masked loop's padding, as (op index, operand op,
+/// tile dims the padding runs along): the divisor of a `div`, the argument of an `rsqrt`.
+/// Padding past a zero-padded load is 0 there, and 0⁻¹ is what the field cannot model, so
+/// the executor divides the padding by 1 instead (see `exec`). Only where the padding
+/// provably stays out of every real element ([`padding_stays_out`]): the quotient's padded
+/// elements are then never read, whatever they hold. Empty without a masked loop.
+pub fn padded_divisors(bg: &BlockGraph) -> Vec<(usize, usize, Vec<usize>)> {
+    let (pads, leak) = pads(bg);
+    if leak || bg.outputs().iter().any(|o| pads[o.tile].any()) {
+        return vec![];
+    }
+    let tiles = bg.tiles();
+    bg.ops()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| {
+            let x = match op {
+                BlockOpKind::Binary {
+                    op: BinaryOp::Div,
+                    b,
+                    ..
+                } => *b,
+                BlockOpKind::Unary {
+                    op: UnaryOp::Rsqrt,
+                    x,
+                } => *x,
+                _ => return None,
+            };
+            let rank = tiles[x].dims.len() as u32;
+            let dims: Vec<usize> = (0..rank)
+                .filter(|&bit| pads[x].has(bit))
+                .map(|bit| (rank - 1 - bit) as usize)
+                .collect();
+            (!dims.is_empty()).then_some((i, x, dims))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,5 +335,32 @@ mod tests {
         // a product keeps the padding zero; a quotient by the unpadded operand too
         assert!(padding_stays_out(&sum_of(BinaryOp::Mul)));
         assert!(padding_stays_out(&sum_of(BinaryOp::Div)));
+    }
+
+    #[test]
+    fn padded_divisors_only_where_the_padding_stays_out() {
+        // x / c: the divisor carries no padding
+        assert!(padded_divisors(&sum_of(BinaryOp::Div)).is_empty());
+        // c / x summed over the walked dim: 0⁻¹ of the padding would reach every row sum
+        let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], 65, 1).unwrap();
+        let x = b.new_input(&[8, 4099], DType::F32, [-1; 3], 1).unwrap();
+        let c = b.new_input(&[8, 1], DType::F32, [-1; 3], -1).unwrap();
+        let q = b.binary(BinaryOp::Div, c, x).unwrap();
+        let s = b.reduction(q, 1).unwrap();
+        let acc = b.forloop_accum(s, AccumKind::Iter).unwrap();
+        b.new_output(acc, [-1; 3]).unwrap();
+        assert!(!padding_stays_out(&b));
+        assert!(padded_divisors(&b).is_empty());
+        // c / x under an exp that masks it: the padded quotients are never read
+        let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], 65, 1).unwrap();
+        let x = b.new_input(&[8, 4099], DType::F32, [-1; 3], 1).unwrap();
+        let c = b.new_input(&[8, 1], DType::F32, [-1; 3], -1).unwrap();
+        let q = b.binary(BinaryOp::Div, c, x).unwrap();
+        let e = b.unary(UnaryOp::Exp, q).unwrap();
+        let s = b.reduction(e, 1).unwrap();
+        let acc = b.forloop_accum(s, AccumKind::Iter).unwrap();
+        b.new_output(acc, [-1; 3]).unwrap();
+        assert!(padding_stays_out(&b));
+        assert_eq!(padded_divisors(&b), vec![(q, x, vec![1])]);
     }
 }
