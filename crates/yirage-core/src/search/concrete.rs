@@ -408,6 +408,29 @@ fn masked_loop_ranges(extent: usize) -> impl Iterator<Item = usize> {
         })
 }
 
+/// Loop ranges that divide `extent` into tiles no power of two is, but whose power-of-two
+/// tile `t` of [`LOOP_TILE`] still leaves every iteration a share (`f = extent / t'`,
+/// `t' < t`, `(f-1)·t < extent`): walked by [`aligned_loop_tile`] in whole tiles of `t`
+/// with the last one masked. 3000 = 24 · 125 = 12 · 250 = 6 · 500 is walked in 24 tiles of
+/// 128, 12 of 256 or 6 of 512, where the power-of-two ranges give 8 tiles of 375 only,
+/// which the printers pad to 512. The ranges that do not divide `extent` are
+/// [`masked_loop_ranges`]'; the power-of-two ones are offered anyway.
+fn aligned_divisor_ranges(extent: usize) -> impl Iterator<Item = usize> {
+    (0..usize::BITS)
+        .map(|i| 1usize << i)
+        .skip_while(|&t| t < LOOP_TILE.0)
+        .take_while(move |&t| t <= LOOP_TILE.1 && t < extent)
+        .map(move |t| (t, extent.div_ceil(t)))
+        .filter(move |&(t, f)| {
+            f >= 2
+                && !f.is_power_of_two()
+                && extent % f == 0
+                && !(extent / f).is_power_of_two()
+                && (f - 1) * t < extent
+        })
+        .map(|(_, f)| f)
+}
+
 /// The power-of-two tile a loop walks instead of `t = ceil(extent / f)`, when one still
 /// leaves every iteration a share (`(f-1)·T < extent`): printers pad a tile to a power of two
 /// anyway, so the iterations then start on aligned, whole tiles (2000 in 32 iterations: tiles
@@ -1072,6 +1095,14 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
             let mut fs: Vec<usize> = (1..=12).map(|i| 1usize << i).collect();
             if masked_ok {
                 fs.extend(&masked);
+                if m.pow2_loop {
+                    fs.extend(
+                        pat.iter()
+                            .enumerate()
+                            .filter(|(_, k)| **k == Kind::Loop)
+                            .flat_map(|(c, _)| aligned_divisor_ranges(an.classes[c].extent)),
+                    );
+                }
                 fs.sort_unstable();
                 fs.dedup();
             }
@@ -1576,6 +1607,24 @@ mod tests {
         assert_eq!(masked_loop_ranges(4096).count(), 0);
         // 40: 3 iterations would walk tiles of 14, below the loop tile
         assert_eq!(masked_loop_ranges(40).count(), 0);
+    }
+
+    #[test]
+    fn divisor_ranges_walk_power_of_two_tiles() {
+        let f: Vec<usize> = aligned_divisor_ranges(3000).collect();
+        assert_eq!(f, vec![24, 12, 6]); // tiles of 128, 256, 512 instead of 125, 250, 500
+        for &f in &f {
+            let t = loop_tile(3000, f, true);
+            assert!(
+                t.is_power_of_two() && (f - 1) * t < 3000 && 3000 <= f * t,
+                "{f}: {t}"
+            );
+        }
+        // 4096 and 4000 have power-of-two ranges for every such tile (4000 = 32 · 125)
+        assert_eq!(aligned_divisor_ranges(4096).count(), 0);
+        assert_eq!(aligned_divisor_ranges(4000).count(), 0);
+        // 6000 = 48 · 125: 48 tiles of 128 would leave the last one without a share
+        assert!(!aligned_divisor_ranges(6000).any(|f| f == 48));
     }
 
     #[test]
