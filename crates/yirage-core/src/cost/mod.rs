@@ -73,6 +73,11 @@
 //!   the per-iteration bookkeeping overlaps the iteration's matrix work, and the
 //!   accumulator budget grows with the rows (up to [`GPU_MMA_ACCUM_ROWS`]); decode-sized
 //!   tiles (≤ 16 rows) keep the terms above unchanged;
+//! * **padded lanes**: a loop streams its tiles at their power-of-two padded size (the Triton
+//!   printer pads every tile dim, `tl.arange`), so memory time scales with
+//!   [`KernelProfile::lane_padding`]: on an H200, fused RMSNorm + Linear (24 × 3000 × 7000,
+//!   bf16) ran 36.5 µs walking K in 8 tiles of 375, against 27.0 µs in 12 tiles of 256 or 6
+//!   of 512: the 1.37× of 512 / 375;
 //! * **loop split**: a kernel that leaves units idle may run split ([`gpu_loop_split`]):
 //!   `S`× the blocks with `F / S` iterations each (rounded up: the shares of a loop `S` does
 //!   not divide differ by one), a combine step run by the last part of
@@ -222,6 +227,9 @@ pub struct KernelProfile {
     pub accum_bytes: f64,
     /// The collective a library kernel runs over the device links (see [`collective`]).
     pub collective: Option<CollectiveProfile>,
+    /// Bytes of the tiles walking the for-loop with every dim rounded up to a power of two,
+    /// over their bytes (≥ 1; 0 taken as 1): see the module doc's "padded lanes".
+    pub lane_padding: f64,
 }
 
 /// Predicted time of one kernel, with its parts (µs).
@@ -470,7 +478,12 @@ fn kernel_cost_split(spec: &DeviceSpec, p: &KernelProfile, split: u32) -> Kernel
         let per_iter = (per_iter - mma_us_per_iteration(spec, p, b * f as f64)).max(0.0);
         iter_us = f as f64 * per_iter * (b / (resident * cu)).max(1.0);
     }
-    let memory_us = mem / mem_util;
+    let lanes = if streaming {
+        p.lane_padding.max(1.0)
+    } else {
+        1.0
+    };
+    let memory_us = mem / mem_util * lanes;
     let compute_us = compute / util;
     let launch_us = spec.launch_us();
     let stages = if p.library {
@@ -1119,6 +1132,33 @@ mod tests {
         assert_eq!(mem(96), mem(units));
         assert!(mem(64) > 1.4 * mem(units));
         assert!(mem(16) > 5.0 * mem(units));
+    }
+
+    #[test]
+    fn padded_lanes_scale_a_loops_memory_time() {
+        // W[3000, 7000] bf16 streamed by 110 blocks in 8 tiles of 375 rows, which the printer
+        // pads to 512: charged as 512 rows per tile; not on a CPU, whose printer does not pad
+        let w = |lanes: f64| KernelProfile {
+            blocks: 110,
+            reads: vec![ReadProfile {
+                unique_bytes: 42e6,
+                total_bytes: 42e6,
+                run_bytes: 128.0,
+                staged: false,
+                once: false,
+            }],
+            forloop: 8,
+            low_precision: true,
+            lane_padding: lanes,
+            ..Default::default()
+        };
+        let padded = 512.0 / 375.0;
+        for spec in [DeviceSpec::h100(), DeviceSpec::cpu2()] {
+            let mem = |lanes| kernel_cost_split(&spec, &w(lanes), 1).memory_us;
+            let want = if spec.is_streaming_gpu() { padded } else { 1.0 };
+            assert!((mem(padded) / mem(1.0) - want).abs() < 1e-9, "{spec:?}");
+            assert_eq!(mem(0.0), mem(1.0)); // unset counts as unpadded
+        }
     }
 
     #[test]

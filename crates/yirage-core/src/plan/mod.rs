@@ -496,6 +496,29 @@ pub fn profile_of(
         }
     }
     p.write_bytes = out_bytes.iter().sum();
+    // the walked tiles' bytes at their power-of-two padded dims, over their bytes
+    let (mut padded, mut real) = (0.0, 0.0);
+    for t in tiles {
+        if let TileKind::Input {
+            elem_bytes,
+            walks_loop: true,
+            ..
+        } = t.kind
+        {
+            real += (numel(&t.dims) * elem_bytes) as f64;
+            padded += t
+                .dims
+                .iter()
+                .map(|&d| d.next_power_of_two())
+                .product::<usize>() as f64
+                * elem_bytes as f64;
+        }
+    }
+    p.lane_padding = if forloop > 1 && real > 0.0 {
+        padded / real
+    } else {
+        1.0
+    };
     // a batched tile matmul is one dot per batch entry, each waiting for its operand
     p.computed_operand_matmuls = tiles
         .iter()
@@ -1273,6 +1296,26 @@ mod tests {
             lower(&g, &tiny).unwrap_err().kind(),
             crate::ErrorKind::Mapping
         );
+    }
+
+    #[test]
+    fn profile_counts_the_padded_lanes_of_walked_tiles() {
+        // X[8, 3000] · W[3000, 64], K walked in `f` tiles (of `tile` when given)
+        let walked = |f: i64, tile: Option<i64>| {
+            let mut bg = BlockGraph::new([1, 1, 1], [128, 1, 1], f, 1).unwrap();
+            if let Some(t) = tile {
+                bg.set_loop_tile(t).unwrap();
+            }
+            let x = bg.new_input(&[8, 3000], DType::F16, [-1; 3], 1).unwrap();
+            let w = bg.new_input(&[3000, 64], DType::F16, [-1; 3], 0).unwrap();
+            let m = bg.matmul(x, w).unwrap();
+            let acc = bg.forloop_accum(m, AccumKind::Iter).unwrap();
+            bg.new_output(acc, [-1; 3]).unwrap();
+            block_profile(&bg, &[2, 2], &[4], true).lane_padding
+        };
+        // 8 tiles of 375 run as tiles of 512; 24 tiles of 128 (the last one masked) as such
+        assert!((walked(8, None) - 512.0 / 375.0).abs() < 1e-12);
+        assert_eq!(walked(24, Some(128)), 1.0);
     }
 
     #[test]

@@ -38,6 +38,11 @@ use std::sync::Arc;
 pub const MIN_MATRIX_TILE: usize = 16;
 /// Loop tiles (per iteration) of a walked dim lie in this range.
 pub const LOOP_TILE: (usize, usize) = (16, 512);
+/// Widest tile [`aligned_divisor_ranges`] offers. Wider ones (kv 6000 in 24 tiles of 256)
+/// go with loops a split leaves one or two iterations per part, which the cost model ranks
+/// above the narrow tiles that run faster: GQA decode's one-kernel form ran 35.8 µs in
+/// 24 × 256 against 31.8 in 94 × 64 on an H200, and took the latter's place in the top-k.
+pub const ALIGNED_DIVISOR_TILE_MAX: usize = 128;
 /// Concretisations kept per output-dims group.
 pub const KEEP_PER_GROUP: usize = 8;
 
@@ -408,25 +413,23 @@ fn masked_loop_ranges(extent: usize) -> impl Iterator<Item = usize> {
         })
 }
 
-/// Loop ranges that divide `extent` into tiles no power of two is, but whose power-of-two
-/// tile `t` of [`LOOP_TILE`] still leaves every iteration a share (`f = extent / t'`,
-/// `t' < t`, `(f-1)·t < extent`): walked by [`aligned_loop_tile`] in whole tiles of `t`
-/// with the last one masked. 3000 = 24 · 125 = 12 · 250 = 6 · 500 is walked in 24 tiles of
-/// 128, 12 of 256 or 6 of 512, where the power-of-two ranges give 8 tiles of 375 only,
-/// which the printers pad to 512. The ranges that do not divide `extent` are
-/// [`masked_loop_ranges`]'; the power-of-two ones are offered anyway.
+/// Loop ranges no power of two is that divide `extent` and walk it in power-of-two tiles `t`
+/// of [`LOOP_TILE`], at most [`ALIGNED_DIVISOR_TILE_MAX`] wide: `f = extent / t` exactly
+/// (5120 = 40 · 128, 12288 = 96 · 128), or `f = extent / t'` with `t' < t` and
+/// `(f-1)·t < extent`, walked by [`aligned_loop_tile`] in whole tiles of `t` with the last one
+/// masked (3000 = 24 · 125 in 24 tiles of 128). The power-of-two ranges give such extents
+/// only tiles no power of two is (5120 in 16 × 320 or 32 × 160; 3000 in 8 × 375), which the
+/// printers pad to the next power of two: on an H200 the fused RMSNorm + Linear at K 3000 ran
+/// 36.5 µs in 8 × 375 and 27.0 in 12 × 256; the gated MLP 592.6 µs, and 29.9 in 24 × 128.
+/// Ranges that do not divide `extent` are [`masked_loop_ranges`]'.
 fn aligned_divisor_ranges(extent: usize) -> impl Iterator<Item = usize> {
     (0..usize::BITS)
         .map(|i| 1usize << i)
         .skip_while(|&t| t < LOOP_TILE.0)
-        .take_while(move |&t| t <= LOOP_TILE.1 && t < extent)
+        .take_while(move |&t| t <= ALIGNED_DIVISOR_TILE_MAX && t < extent)
         .map(move |t| (t, extent.div_ceil(t)))
         .filter(move |&(t, f)| {
-            f >= 2
-                && !f.is_power_of_two()
-                && extent % f == 0
-                && !(extent / f).is_power_of_two()
-                && (f - 1) * t < extent
+            f >= 2 && !f.is_power_of_two() && extent % f == 0 && (f - 1) * t < extent
         })
         .map(|(_, f)| f)
 }
@@ -1093,19 +1096,22 @@ pub fn concretise(run: &Run, prog: &BlockProgram, ins: &[KIn], eps: f64) -> Vec<
             vec![s]
         } else {
             let mut fs: Vec<usize> = (1..=12).map(|i| 1usize << i).collect();
-            if masked_ok {
-                fs.extend(&masked);
-                if m.pow2_loop {
+            if gpu {
+                // power-of-two tiles for extents the power-of-two ranges walk in others; a
+                // masked one only where the program tolerates the padding
+                for (c, _) in pat.iter().enumerate().filter(|(_, k)| **k == Kind::Loop) {
+                    let e = an.classes[c].extent;
                     fs.extend(
-                        pat.iter()
-                            .enumerate()
-                            .filter(|(_, k)| **k == Kind::Loop)
-                            .flat_map(|(c, _)| aligned_divisor_ranges(an.classes[c].extent)),
+                        aligned_divisor_ranges(e)
+                            .filter(|&f| m.pow2_loop || (e / f).is_power_of_two()),
                     );
                 }
-                fs.sort_unstable();
-                fs.dedup();
             }
+            if masked_ok {
+                fs.extend(&masked);
+            }
+            fs.sort_unstable();
+            fs.dedup();
             fs
         };
         for f in fs {
@@ -1612,19 +1618,29 @@ mod tests {
     #[test]
     fn divisor_ranges_walk_power_of_two_tiles() {
         let f: Vec<usize> = aligned_divisor_ranges(3000).collect();
-        assert_eq!(f, vec![24, 12, 6]); // tiles of 128, 256, 512 instead of 125, 250, 500
-        for &f in &f {
-            let t = loop_tile(3000, f, true);
-            assert!(
-                t.is_power_of_two() && (f - 1) * t < 3000 && 3000 <= f * t,
-                "{f}: {t}"
-            );
-        }
-        // 4096 and 4000 have power-of-two ranges for every such tile (4000 = 32 · 125)
+        assert_eq!(f, vec![24]); // 24 tiles of 128, the last owning 56, instead of 125
+        assert_eq!(loop_tile(3000, 24, true), 128);
+        // exact tiles: 5120 = 320 · 16 = 160 · 32 = 80 · 64 = 40 · 128, 12288 = 96 · 128
+        assert_eq!(
+            aligned_divisor_ranges(5120).collect::<Vec<_>>(),
+            vec![320, 160, 80, 40]
+        );
+        assert!(aligned_divisor_ranges(12288).any(|f| f == 96));
+        // the power-of-two ranges already walk 4096 in every such tile
         assert_eq!(aligned_divisor_ranges(4096).count(), 0);
-        assert_eq!(aligned_divisor_ranges(4000).count(), 0);
-        // 6000 = 48 · 125: 48 tiles of 128 would leave the last one without a share
-        assert!(!aligned_divisor_ranges(6000).any(|f| f == 48));
+        // 6000 = 48 · 125: 48 tiles of 128 would leave the last one without a share; 375 · 16
+        assert_eq!(aligned_divisor_ranges(6000).collect::<Vec<_>>(), vec![375]);
+        for e in [1500, 3000, 4000, 5120, 6000, 12288] {
+            for f in aligned_divisor_ranges(e) {
+                let t = loop_tile(e, f, true);
+                assert!(e % f == 0 && !f.is_power_of_two(), "{e}: {f}");
+                assert!(
+                    t.is_power_of_two() && t <= ALIGNED_DIVISOR_TILE_MAX,
+                    "{e}: {f}"
+                );
+                assert!((f - 1) * t < e && e <= f * t, "{e}: {f} x {t}");
+            }
+        }
     }
 
     #[test]

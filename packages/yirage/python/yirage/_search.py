@@ -52,7 +52,8 @@ _CACHE_FORMAT = "yirage.search_cache"
 #: 3: the enumeration deepens by kernel count and cuts mixed dims (it finds forms that 2 missed).
 #: 4: the last of the top-k goes to another family of fused kernels when one is close.
 #: 5: a loop matmul fused into its accumulator takes no block memory (wider prefill tiles fit).
-_CACHE_VERSION = 5
+#: 6: GPU loops over dims like 3000 also walk power-of-two tiles (24 x 128 rather than 8 x 375).
+_CACHE_VERSION = 6
 #: Fused candidates verified (and, in ``superoptimize``, built, checked and raced) by default:
 #: the leading family's four tilings and one slot the last rule of the verification gives to
 #: another close family (the model errs most between families; see the core's
