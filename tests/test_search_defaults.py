@@ -123,10 +123,11 @@ def test_the_last_slot_goes_to_another_close_family() -> None:
 
 def test_a_masked_single_kernel_gets_the_slot_owed_to_the_fewest_kernels() -> None:
     """GQA decode (32 KV groups of 4 query rows, d 128) over 6000 keys, which no power-of-two
-    loop range divides, on the pinned H200: every candidate has masked tiles. The two-kernel
-    forms lead the estimates; the single kernel walking the keys in masked tiles, within
-    FEWEST_KERNELS_RATIO of them, must still be among the default top-k (it was left out
-    when the slot owed to unmasked candidates went to another two-kernel tiling)."""
+    loop range divides, on the pinned H200: every candidate has masked tiles. The single
+    kernel walking the keys in masked power-of-two tiles must be among the default top-k: on
+    an H200 it ran 28.8-31.8 µs, the two-kernel forms 37-48 µs. It was once left out, when
+    the slot owed to unmasked candidates went to another two-kernel tiling (the slot rules
+    themselves have the core's tests)."""
     from yirage.devices import get_device_spec
 
     s = {"b": 4, "q_heads": 32, "kv_heads": 8, "d": 128, "kv": 6000}
@@ -134,6 +135,7 @@ def test_a_masked_single_kernel_gets_the_slot_owed_to_the_fewest_kernels() -> No
     res = yr.search(g, device_spec=get_device_spec("H200"), cache=False)
     fused = [c.label for c in res.candidates if not c.baseline]
     assert len(fused) == 5, fused
-    assert fused[0].count("custom[") == 2, fused  # the estimates' leader: two kernels
     single = [lab for lab in fused if lab.count("custom[") == 1 and " ; " not in lab]
-    assert single and "exp,matmul" in single[0], fused
+    assert single and all("exp,matmul" in lab for lab in single), fused
+    # 94 tiles of 64 or 47 of 128, the last one masked
+    assert any("loop=94:" in lab or "loop=47:" in lab for lab in single), fused
