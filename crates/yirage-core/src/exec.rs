@@ -421,10 +421,19 @@ fn run_block_graph_signed<D: Domain>(
         return Err(internal("customized input count"));
     }
     let signs = tile_signs(bg, in_signs);
-    let exps = MaskedExps::of(bg);
+    let padding = LoopPadding::of(bg);
     let per_block: Vec<Vec<Dense<D::V>>> = (0..bg.num_blocks())
         .into_par_iter()
-        .map(|b| run_one_block(d, bg, inputs, &signs, &exps, block_index(bg.grid_dim(), b)))
+        .map(|b| {
+            run_one_block(
+                d,
+                bg,
+                inputs,
+                &signs,
+                &padding,
+                block_index(bg.grid_dim(), b),
+            )
+        })
         .collect::<Result<_>>()?;
     let grid = bg.grid_dim();
     let mut outs: Vec<Dense<D::V>> = bg
@@ -530,14 +539,14 @@ fn compute_tile<D: Domain>(
 /// zero ([`masked_exps`]: per op, the tile dim the padding runs along) and the divisors
 /// whose padded elements are taken as 1 ([`padded_divisors`]: per op, its operand and the
 /// operand's padded dims), and the loop's extent.
-struct MaskedExps {
+struct LoopPadding {
     dim_of: Vec<Option<usize>>,
     divisor_of: Vec<Option<(usize, Vec<usize>)>>,
     extent: usize,
 }
 
-impl MaskedExps {
-    fn of(bg: &BlockGraph) -> MaskedExps {
+impl LoopPadding {
+    fn of(bg: &BlockGraph) -> LoopPadding {
         let mut dim_of = vec![None; bg.ops().len()];
         for (i, dim) in masked_exps(bg) {
             dim_of[i] = Some(dim);
@@ -546,7 +555,7 @@ impl MaskedExps {
         for (i, x, dims) in padded_divisors(bg) {
             divisor_of[i] = Some((x, dims));
         }
-        MaskedExps {
+        LoopPadding {
             dim_of,
             divisor_of,
             extent: bg.loop_extent().unwrap_or(usize::MAX),
@@ -575,7 +584,7 @@ impl MaskedExps {
     }
 
     /// Zero the elements of exp `i`'s tile `t` that lie past the extent in iteration `it`.
-    fn apply<V: Copy>(&self, i: usize, it: usize, t: &mut Dense<V>, zero: V) {
+    fn mask_exp<V: Copy>(&self, i: usize, it: usize, t: &mut Dense<V>, zero: V) {
         if let Some(dim) = self.dim_of[i] {
             self.fill_padding(&[dim], it, t, zero);
         }
@@ -602,7 +611,7 @@ fn run_one_block<D: Domain>(
     bg: &BlockGraph,
     inputs: &[&Dense<D::V>],
     signs: &[Sign],
-    exps: &MaskedExps,
+    padding: &LoopPadding,
     bidx: [usize; 3],
 ) -> Result<Vec<Dense<D::V>>> {
     let ops = bg.ops();
@@ -660,14 +669,14 @@ fn run_one_block<D: Domain>(
                 other => {
                     if tiles[i].phase == Phase::LoopBody {
                         // a padded divisor divides by 1 there (0⁻¹ is not a value)
-                        let patched = exps.divisor(i, it, &vals, d.constant(1.0));
+                        let patched = padding.divisor(i, it, &vals, d.constant(1.0));
                         let kept = patched.map(|(x, t)| (x, vals[x].replace(t)));
                         let t = compute_tile(d, other, &vals, signs, dimx);
                         if let Some((x, orig)) = kept {
                             vals[x] = orig;
                         }
                         let mut t = t?;
-                        exps.apply(i, it, &mut t, d.zero());
+                        padding.mask_exp(i, it, &mut t, d.zero());
                         vals[i] = Some(t);
                     }
                 }
