@@ -901,10 +901,28 @@ mod masked_tests {
     /// block walking kv in `f` iterations (exp, its row sums and its product with V
     /// accumulated, divided after the loop), in tiles of `tile` when given.
     fn attention_pair(kv: i64, f: i64, tile: Option<i64>) -> (KernelGraph, KernelGraph) {
+        attention_pair_keys(kv, f, tile, false)
+    }
+
+    /// [`attention_pair`], with the keys normalised per column first when `normed`
+    /// (`Kt / sqrt(Σ Kt²)`, QK-norm's key norm without eps: a masked loop's padding makes it
+    /// 0 / 0).
+    fn attention_pair_keys(
+        kv: i64,
+        f: i64,
+        tile: Option<i64>,
+        normed: bool,
+    ) -> (KernelGraph, KernelGraph) {
         let mut plain = KernelGraph::new();
         let q = plain.new_input(&[8, 16], F).unwrap();
-        let kt = plain.new_input(&[16, kv], F).unwrap();
+        let mut kt = plain.new_input(&[16, kv], F).unwrap();
         let v = plain.new_input(&[kv, 8], F).unwrap();
+        if normed {
+            let sq = plain.unary(UnaryOp::Square, kt).unwrap();
+            let ss = plain.reduction(sq, 0).unwrap();
+            let n = plain.unary(UnaryOp::Sqrt, ss).unwrap();
+            kt = plain.binary(BinaryOp::Div, kt, n).unwrap();
+        }
         let s = plain.matmul(q, kt).unwrap();
         let p = plain.softmax(s, -1).unwrap();
         let o = plain.matmul(p, v).unwrap();
@@ -914,8 +932,14 @@ mod masked_tests {
             b.set_loop_tile(t).unwrap();
         }
         let bq = b.new_input(&[8, 16], F, [-1; 3], -1).unwrap();
-        let bk = b.new_input(&[16, kv], F, [-1; 3], 1).unwrap();
+        let mut bk = b.new_input(&[16, kv], F, [-1; 3], 1).unwrap();
         let bv = b.new_input(&[kv, 8], F, [-1; 3], 0).unwrap();
+        if normed {
+            let sq = b.unary(UnaryOp::Square, bk).unwrap();
+            let ss = b.reduction(sq, 0).unwrap();
+            let n = b.unary(UnaryOp::Sqrt, ss).unwrap();
+            bk = b.binary(BinaryOp::Div, bk, n).unwrap();
+        }
         let s = b.matmul(bq, bk).unwrap();
         let e = b.unary(UnaryOp::Exp, s).unwrap();
         let pv = b.matmul(e, bv).unwrap();
@@ -946,55 +970,12 @@ mod masked_tests {
         assert!(equivalent(&plain, &attention_pair(67, 6, None).1, 2, 11).unwrap());
     }
 
-    /// Attention over keys normalised per column, `softmax(Q·(Kt / ‖Kt‖))·V` (QK-norm's key
-    /// norm without eps), as plain ops and as one block walking kv in `f` iterations: the
-    /// norm divides every key tile by its column norms, which the masked loop's padding makes
-    /// 0 / 0.
-    fn normed_key_attention_pair(kv: i64, f: i64) -> (KernelGraph, KernelGraph) {
-        let mut plain = KernelGraph::new();
-        let q = plain.new_input(&[8, 16], F).unwrap();
-        let kt = plain.new_input(&[16, kv], F).unwrap();
-        let v = plain.new_input(&[kv, 8], F).unwrap();
-        let sq = plain.unary(UnaryOp::Square, kt).unwrap();
-        let ss = plain.reduction(sq, 0).unwrap();
-        let n = plain.unary(UnaryOp::Sqrt, ss).unwrap();
-        let kn = plain.binary(BinaryOp::Div, kt, n).unwrap();
-        let s = plain.matmul(q, kn).unwrap();
-        let p = plain.softmax(s, -1).unwrap();
-        let o = plain.matmul(p, v).unwrap();
-        plain.mark_output(o).unwrap();
-        let mut b = BlockGraph::new([1, 1, 1], [128, 1, 1], f, 1).unwrap();
-        let bq = b.new_input(&[8, 16], F, [-1; 3], -1).unwrap();
-        let bk = b.new_input(&[16, kv], F, [-1; 3], 1).unwrap();
-        let bv = b.new_input(&[kv, 8], F, [-1; 3], 0).unwrap();
-        let sq = b.unary(UnaryOp::Square, bk).unwrap();
-        let ss = b.reduction(sq, 0).unwrap();
-        let n = b.unary(UnaryOp::Sqrt, ss).unwrap();
-        let kn = b.binary(BinaryOp::Div, bk, n).unwrap();
-        let s = b.matmul(bq, kn).unwrap();
-        let e = b.unary(UnaryOp::Exp, s).unwrap();
-        let pv = b.matmul(e, bv).unwrap();
-        let rs = b.reduction(e, 1).unwrap();
-        let acc = b.forloop_accum(pv, AccumKind::Iter).unwrap();
-        let den = b.forloop_accum(rs, AccumKind::Iter).unwrap();
-        let o = b.binary(BinaryOp::Div, acc, den).unwrap();
-        b.new_output(o, [-1; 3]).unwrap();
-        let mut g = KernelGraph::new();
-        let ins: Vec<_> = [vec![8, 16], vec![16, kv], vec![kv, 8]]
-            .iter()
-            .map(|d| g.new_input(d, F).unwrap())
-            .collect();
-        let outs = g.customized(&ins, &b).unwrap();
-        g.mark_output(outs[0]).unwrap();
-        (plain, g)
-    }
-
     #[test]
     fn padded_divisors_divide_by_one_and_leave_the_field_decisive() {
         use crate::field::Fv;
         use crate::fingerprint::FieldDomain;
         // kv = 67 in 5 tiles of 14: the last tile's 3 padded key columns have norm 0
-        let (plain, fused) = normed_key_attention_pair(67, 5);
+        let (plain, fused) = attention_pair_keys(67, 5, None, true);
         let ins = [data(&[8, 16], 7), data(&[16, 67], 8), data(&[67, 8], 9)];
         assert_same_values(&plain, &fused, &ins);
         assert!(equivalent(&plain, &fused, 2, 11).unwrap());

@@ -173,6 +173,11 @@ fn pads(bg: &BlockGraph) -> (Vec<Pad>, bool) {
 /// output (true for a graph without a masked loop).
 pub fn padding_stays_out(bg: &BlockGraph) -> bool {
     let (pads, leak) = pads(bg);
+    stays_out(bg, &pads, leak)
+}
+
+/// [`padding_stays_out`] from [`pads`]' result.
+fn stays_out(bg: &BlockGraph, pads: &[Pad], leak: bool) -> bool {
     !leak && bg.outputs().iter().all(|o| !pads[o.tile].any())
 }
 
@@ -207,7 +212,7 @@ pub fn masked_exps(bg: &BlockGraph) -> Vec<(usize, usize)> {
 /// elements are then never read, whatever they hold. Empty without a masked loop.
 pub fn padded_divisors(bg: &BlockGraph) -> Vec<(usize, usize, Vec<usize>)> {
     let (pads, leak) = pads(bg);
-    if leak || bg.outputs().iter().any(|o| pads[o.tile].any()) {
+    if !stays_out(bg, &pads, leak) {
         return vec![];
     }
     let tiles = bg.tiles();
