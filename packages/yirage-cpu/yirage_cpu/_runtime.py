@@ -10,6 +10,7 @@ library kernels (concat, chunk, all_reduce) through numpy.
 
 from __future__ import annotations
 
+import abc
 import ctypes
 import math
 import sys
@@ -360,12 +361,13 @@ def _load_library(path: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
 
 
-class CallsRun:
+class CallsRun(abc.ABC):
     """``launcher(*tensors)`` or ``launcher(inputs=[...])`` → ``launcher.run(tensors)``: the
     call convention of every cpu launcher (the C one and the ``torch_eager`` one)."""
 
+    @abc.abstractmethod
     def run(self, tensors: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
-        raise NotImplementedError
+        """Run on ``tensors`` (into ``outputs`` when given); returns the outputs."""
 
     def __call__(self, *tensors: Any, inputs: Sequence[Any] | None = None) -> list[Any]:
         if inputs is not None:
