@@ -276,6 +276,66 @@ def test_a_pinned_target_without_avx512_bf16_gets_the_widening_path(
     assert rel_err(_f64(y), _f64(x) @ _f64(w)) < BF16_TOL
 
 
+def test_the_source_records_whether_a_matmul_took_the_dot_path() -> None:
+    """``CpuSource.bf16_dot`` is what the backend's ``bf16_widen`` variant keys on: set where
+    a matmul prints the path, clear where ``bf16_dot=False`` leaves it out, where A is
+    float32 in the graph and where the pinned target lacks the feature."""
+    feats = (*NO_BF16, "avx512_bf16")
+    dot = _codegen.generate(_linear(8, 45), simd_width_bits=512, isa_features=feats)
+    assert dot.bf16_dot and DOT_C in dot.code
+    widened = _codegen.generate(
+        _linear(8, 45), simd_width_bits=512, isa_features=feats, bf16_dot=False
+    )
+    assert not widened.bf16_dot and DOT_C not in widened.code
+    f32_a = _linear(8, 45, a_dtype="float32", out="float32")
+    assert not _codegen.generate(f32_a, simd_width_bits=512, isa_features=feats).bf16_dot
+    assert not _codegen.generate(_linear(8, 45), simd_width_bits=512, isa_features=NO_BF16).bf16_dot
+
+
+def test_the_backend_races_the_widening_path_beside_the_dot_path(host_bf16: None) -> None:
+    """Which path is faster depends on the core, so a plan that takes the dot path is
+    offered printed without it too (``bf16_widen``); both match float64."""
+    backend = CpuBackend()
+    variants = backend.variants(backend.load(backend.compile(backend.codegen(_lora()))))
+    assert set(variants) == {"default", "bf16_widen"}
+    assert variants["default"].matmul_half_path.startswith("bfloat16 avx512_bf16")
+    assert _dot_kernels(variants["default"].program.code) == 3
+    assert _dot_kernels(variants["bf16_widen"].program.code) == 0
+    rng = np.random.default_rng(11)
+    x, w = _bf16(rng, (5, K)), _bf16(rng, (K, 74), K**-0.5)
+    a, b = _bf16(rng, (K, 6), K**-0.5), _bf16(rng, (6, 74))
+    want = _f64(x) @ _f64(w) + (_f64(x) @ _f64(a)) @ _f64(b)
+    for launcher in variants.values():
+        (y,) = launcher(x, w, a, b)
+        assert rel_err(_f64(y), want) < BF16_TOL
+
+
+def test_a_plan_without_the_dot_path_has_no_widening_variant() -> None:
+    """A float32 A keeps the float path on every host: nothing to race it against."""
+    backend = CpuBackend()
+    try:
+        launcher = backend.load(
+            backend.compile(backend.codegen(_linear(4, 13, a_dtype="float32", out="float32")))
+        )
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"no C compiler: {exc}")
+    assert set(backend.variants(launcher)) == {"default"}
+
+
+def test_superoptimize_checks_and_times_both_bfloat16_paths(host_bf16: None) -> None:
+    """The fused candidate's row lists the widening variant beside the dot path's."""
+    import yirage as yr
+    from yirage import _workloads
+
+    g = _workloads.get_workload("rmsnorm_linear")._build(
+        {"b": 4, "h": 128, "n": 96, "dtype": yr.bfloat16}, yr.bfloat16
+    )
+    k = yr.superoptimize(g, backend="cpu", cache=False)
+    rows = [c for c in k.report.candidates if "bf16_widen" in (*c.variant_us, *c.dropped_variants)]
+    assert rows, [(c.description, c.variant_us) for c in k.report.candidates]
+    assert all("default" in c.variant_us for c in rows)
+
+
 def test_the_backend_prints_the_path_for_its_compile_target(host_bf16: None) -> None:
     backend = CpuBackend()
     assert "avx512_bf16" in backend.isa_features()

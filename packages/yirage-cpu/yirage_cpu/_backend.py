@@ -21,6 +21,12 @@ from yirage.plugin import (
 )
 from yirage_cpu import _codegen, _device_spec, _eager, _probe, _runtime, _toolchain
 
+#: The variant of a plan whose bfloat16 matmuls widen B to float32 and use FMAs, raced
+#: beside the AVX512-BF16 dot path: which one is faster depends on the core (the dot
+#: path ran bfloat16 at 8 rows in 0.37-0.65x the float32 time on an AMD EPYC, and 1.5x
+#: slower than widening on an Intel Xeon).
+WIDEN_VARIANT = "bf16_widen"
+
 
 @dataclass(frozen=True)
 class CpuArtifact:
@@ -101,11 +107,15 @@ class CpuBackend(Backend):
         return _features_for(self._simd_bits())
 
     # -- the pipeline ------------------------------------------------------------------------
-    def codegen(self, plan: Any) -> _codegen.CpuSource:
+    def codegen(self, plan: Any, *, bf16_dot: bool = True) -> _codegen.CpuSource:
         """Print a KernelPlan (object with ``to_json()``, JSON text or dict) as C source for
-        the vector width and ISA features the code is compiled for."""
+        the vector width and ISA features the code is compiled for; ``bf16_dot=False``
+        leaves out the bfloat16 dot path (the ``bf16_widen`` variant)."""
         return _codegen.generate(
-            plan, simd_width_bits=self._simd_bits(), isa_features=self.isa_features()
+            plan,
+            simd_width_bits=self._simd_bits(),
+            isa_features=self.isa_features(),
+            bf16_dot=bf16_dot,
         )
 
     def compile(self, source: Any) -> CpuArtifact:
@@ -136,11 +146,16 @@ class CpuBackend(Backend):
             return _runtime.CpuLauncher(rebuilt.source, rebuilt.library)
 
     def variants(self, launcher: Any) -> Mapping[str, Any]:
-        """The generated C (``DEFAULT_VARIANT``) and, for a plan of library kernels alone
-        where torch is installed, the same plan as PyTorch eager runs it
-        (:mod:`yirage_cpu._eager`, ``torch_eager``): numpy's library calls are well behind
-        eager on compute-bound graphs, and the race must have eager among its contenders."""
+        """The generated C (``DEFAULT_VARIANT``); where it multiplies bfloat16 with the
+        AVX512-BF16 dot path, the same plan printed without it (``bf16_widen``); and, for a
+        plan of library kernels alone where torch is installed, the same plan as PyTorch
+        eager runs it (:mod:`yirage_cpu._eager`, ``torch_eager``): numpy's library calls are
+        well behind eager on compute-bound graphs, and the race must have eager among its
+        contenders."""
         out: dict[str, Any] = {DEFAULT_VARIANT: launcher}
+        if isinstance(launcher, _runtime.CpuLauncher) and launcher.program.bf16_dot:
+            widened = self.codegen(launcher.program.plan, bf16_dot=False)
+            out[WIDEN_VARIANT] = self.load(self.compile(widened))
         if (
             isinstance(launcher, _runtime.CpuLauncher)
             and _eager.eager_applies(launcher.program.plan)

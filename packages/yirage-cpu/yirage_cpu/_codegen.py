@@ -152,6 +152,9 @@ class CpuSource:
     plan: dict[str, Any] = field(repr=False)
     steps: tuple[Step, ...]
     simd_width_bits: int
+    #: Whether some matmul took the bfloat16 dot path (compiled where the target has
+    #: AVX512-BF16): then the backend races the same plan printed without it.
+    bf16_dot: bool = False
 
     @property
     def source_hash(self) -> str:
@@ -2413,14 +2416,19 @@ def bf16_dot_enabled(simd_width_bits: int, isa_features: Collection[str] | None)
 
 
 def generate(
-    plan: Any, *, simd_width_bits: int = 256, isa_features: Collection[str] | None = None
+    plan: Any,
+    *,
+    simd_width_bits: int = 256,
+    isa_features: Collection[str] | None = None,
+    bf16_dot: bool = True,
 ) -> CpuSource:
     """Print ``plan`` (anything :func:`yirage.plan.parse_plan` reads: a dict, JSON text, an
     object with ``to_json()``) as C source for ``simd_width_bits``-wide vectors.
     ``isa_features`` pins the target's vector ISA features (/proc/cpuinfo's spelling, as
     :func:`yirage_cpu._device_spec.isa_features` records them): an ISA path whose feature
     it lacks is not printed (the bfloat16 dot path needs ``avx512_bf16``); None prints every
-    path and the preprocessor picks by the compile flags."""
+    path and the preprocessor picks by the compile flags. ``bf16_dot=False`` leaves the
+    bfloat16 dot path out where the target has it (its matmuls widen B instead)."""
     p = parse_plan(plan)
     for b in p.buffers:
         if b.dtype not in _DTYPE_C:
@@ -2429,7 +2437,8 @@ def generate(
                 f"{', '.join(_DTYPE_C)}"
             )
     buffers = {b.id: b for b in p.buffers}
-    dot = bf16_dot_enabled(simd_width_bits, isa_features)
+    dot = bf16_dot and bf16_dot_enabled(simd_width_bits, isa_features)
+    took_dot = False
     graph_dtype = _graph_dtype(p.buffers)
     functions: list[str] = []
     steps: list[Step] = []
@@ -2446,6 +2455,7 @@ def generate(
             if gk is not None:
                 printer = _KernelPrinter(gk, buffers, symbol, simd_width_bits, dot, graph_dtype)
                 functions.append(printer.print())
+                took_dot = took_dot or bool(printer.dot_mm)
             else:
                 functions.append(_LibraryPrinter(kernel, buffers, symbol).print())
             steps.append(Step("generated", index, symbol))
@@ -2459,6 +2469,7 @@ def generate(
         used.add(symbol)
         printer = _KernelPrinter(kernel, buffers, symbol, simd_width_bits, dot, graph_dtype)
         functions.append(printer.print())
+        took_dot = took_dot or bool(printer.dot_mm)
         steps.append(Step("generated", index, symbol))
     plan_dict: dict[str, Any] = json.loads(p.text)
     prelude = _PRELUDE % {
@@ -2469,4 +2480,10 @@ def generate(
         "vec_widen": _vec_widen_c(max(4, simd_width_bits // 8), dot),
     }
     code = prelude + "\n" + "\n\n".join(functions) + "\n"
-    return CpuSource(code=code, plan=plan_dict, steps=tuple(steps), simd_width_bits=simd_width_bits)
+    return CpuSource(
+        code=code,
+        plan=plan_dict,
+        steps=tuple(steps),
+        simd_width_bits=simd_width_bits,
+        bf16_dot=took_dot,
+    )
