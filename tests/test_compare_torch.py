@@ -54,18 +54,30 @@ def test_stress_error_on_the_device_matches_numpy(dtype: str) -> None:
     ref = [_reference(rng, dtype)]
     rounded = _stress.rounded_reference(ref, [dtype])
     exempt = [rng.random(ref[0].shape) < 0.1]
+    exempt[0].flat[5] = exempt[0].flat[7] = True
+    unbounded = [np.zeros_like(exempt[0])]
+    unbounded[0].flat[7] = True
     on_device = [torch.from_numpy(a) for a in ref]
     rounded_dev = [torch.from_numpy(a) for a in rounded]
     exempt_dev = [torch.from_numpy(a) for a in exempt]
+    unbounded_dev = [torch.from_numpy(a) for a in unbounded]
+    verdicts = set()
     for name, out in _outputs(rng, ref[0], dtype).items():
-        for ex, ex_dev in ((None, None), (exempt, exempt_dev)):
+        for ex, ex_dev, un, un_dev in (
+            (None, None, None, None),
+            (exempt, exempt_dev, None, None),
+            (exempt, exempt_dev, unbounded, unbounded_dev),
+        ):
             for edge in (0.0, 1e-2):
-                want = _stress.stress_error([out], ref, [dtype], edge, ex, rounded)
+                want = _stress.stress_error([out], ref, [dtype], edge, ex, rounded, un)
                 got = _stress.stress_error(
-                    [torch.from_numpy(out)], on_device, [dtype], edge, ex_dev, rounded_dev
+                    [torch.from_numpy(out)], on_device, [dtype], edge, ex_dev, rounded_dev, un_dev
                 )
                 assert got[1] == want[1], (name, edge)
                 assert got[0] == pytest.approx(want[0], rel=1e-12), (name, edge)
+                verdicts.add((name, un is not None, want[1] is None))
+    # the NaN at 5 is refused however exempt; the -inf at 7 is allowed where unbounded
+    assert ("nan", True, False) in verdicts and ("inf", True, True) in verdicts
     assert np.isinf(_stress.stress_error([_outputs(rng, ref[0], dtype)["nan"]], ref, [dtype])[0])
 
 

@@ -18,7 +18,7 @@ import yirage as yr
 from yirage import _core, _stress
 from yirage._kernel import CandidateReport, Shapes, SuperoptimizeReport
 from yirage._search import device_spec_json
-from yirage._superoptimize import _stress_check
+from yirage._superoptimize import _Exemptions, _stress_check
 
 FAST_PROFILE = {"min_time_s": 0.01, "min_repeats": 5}
 
@@ -395,6 +395,79 @@ def test_an_exempt_element_may_stay_finite_where_the_reference_overflows() -> No
     assert _stress.stress_error([finite], [ref], ["float16"], exempt=[exempt]) == (0.0, None)
     nothing = [np.zeros_like(exempt)]
     assert _stress.stress_error([finite], [ref], ["float16"], exempt=nothing)[1] is not None
+
+
+def _gated_stress() -> tuple[yr.KernelGraph, _stress.StressSet]:
+    """silu(x·W1)·(x·W3) in float32, x [1, 3]. Element (0, 0): x·W1 is 2^112 + 3·2^40 -
+    2^112, which float64 sums to 0 (the 3·2^40 is absorbed next to 2^112), so the reference
+    is silu(0)·2^112 = 0, while the exact value 3·2^40 · 2^112 overflows float32. Element
+    (0, 1): silu(3)·3, well conditioned."""
+    g = yr.new_kernel_graph()
+    x = g.new_input((1, 3), yr.float32)
+    w1 = g.new_input((3, 2), yr.float32)
+    w3 = g.new_input((3, 2), yr.float32)
+    g.mark_output(g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w3)))
+    arrays = [
+        np.array([[2.0**56, 3.0, 2.0**56]], dtype=np.float32),
+        np.array([[2.0**56, 0.0], [2.0**40, 1.0], [-(2.0**56), 0.0]], dtype=np.float32),
+        np.array([[2.0**56, 0.0], [0.0, 1.0], [0.0, 0.0]], dtype=np.float32),
+    ]
+
+    def reference(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return g.evaluate([a.astype(np.float64) for a in arrays])
+
+    return g, _stress.StressSet(
+        "a gated set", arrays, reference(arrays), _stress._perturbed(reference, arrays)
+    )
+
+
+def test_an_element_the_float64_reference_cannot_bound_need_not_be_finite() -> None:
+    """Where float64's own rounding of a cancelled sum, times a large factor, decides
+    whether the value overflows, a kernel may return infinity; a well-conditioned element
+    must still be finite, and without the exemption the infinity is refused."""
+    g, stress = _gated_stress()
+    (ref,) = stress.reference
+    assert ref[0, 0] == 0.0 and np.isfinite(ref[0, 1])
+    tol = _stress.stress_tolerance("float32")
+    ex = _Exemptions(g, stress, tol, list(stress.arrays))
+    exempt, unbounded = ex.exempt(), ex.unbounded()
+    assert exempt[0].tolist() == [[True, False]]
+    assert unbounded[0].tolist() == [[True, False]]
+    overflowed = np.array([[np.inf, ref[0, 1]]])
+    _, why = _stress.stress_error([overflowed], [ref], ["float32"], exempt=exempt)
+    assert why is not None and "NaN/Inf where the float64 reference is finite" in why
+    err, why = _stress.stress_error(
+        [overflowed], [ref], ["float32"], exempt=exempt, unbounded=unbounded
+    )
+    assert why is None and err < 1e-6
+    both = np.array([[np.inf, np.inf]])
+    _, why = _stress.stress_error([both], [ref], ["float32"], exempt=exempt, unbounded=unbounded)
+    assert why is not None
+
+
+def test_the_stress_check_lets_such_an_element_overflow_and_says_so() -> None:
+    from yirage_cpu._backend import CpuBackend
+
+    g, stress = _gated_stress()
+    (ref,) = stress.reference
+
+    def contender(index: int, out: list[list[float]]) -> tuple[Any, ...]:
+        return (0.0, index, {}, None, lambda *_: [np.array(out)])
+
+    rep = _report(2)
+    entries = [contender(0, [[np.inf, ref[0, 1]]]), contender(1, [[0.0, np.inf]])]
+    kept = _stress_check(CpuBackend(), g, stress, entries, set(), rep)
+    assert [e[1] for e in kept] == [0]
+    assert any("float64 reference cannot tell" in n for n in rep.notes), rep.notes
+
+
+def test_a_well_scaled_cancellation_stays_bounded() -> None:
+    """The cancelling matmul of the float16 sets: float64 resolves it, so its element is
+    exempt from the value comparison but must still be finite."""
+    g, stress = _cancelling_stress()
+    ex = _Exemptions(g, stress, _stress.stress_tolerance("float16"), list(stress.arrays))
+    assert ex.exempt()[0].tolist() == [[True, False]]
+    assert ex.unbounded()[0].tolist() == [[False, False]]
 
 
 def test_the_stress_check_exempts_cancellation_and_says_so() -> None:

@@ -93,11 +93,12 @@ def stress_error(
     largest: Sequence[float],
     edge: float,
     exempt: Sequence[Tensor] | None,
+    unbounded: Sequence[Tensor] | None = None,
 ) -> tuple[float, str | None]:
     """:func:`yirage._stress.stress_error` on the references' device: ``reference`` and
     ``rounded`` float64 tensors there, ``largest`` the largest finite value of each output's
     dtype (``dtypes``),
-    ``exempt`` bool tensors there (or None)."""
+    ``exempt`` and ``unbounded`` bool tensors there (or None)."""
     import torch
 
     worst = 0.0
@@ -111,6 +112,8 @@ def stress_error(
         past = finite & torch.isinf(got) & (torch.sign(got) == torch.sign(r))
         past &= r.abs() * (1 + edge) > largest[i]
         finite &= ~past
+        if unbounded is not None:
+            finite &= ~unbounded[i].reshape(finite.shape)
         got_finite = torch.isfinite(got)
         lost = int(torch.count_nonzero(finite & ~got_finite))
         if lost:

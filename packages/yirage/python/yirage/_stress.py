@@ -58,6 +58,8 @@ __all__ = [
     "exp_stress",
     "extremes_stress",
     "ill_conditioned",
+    "overflow_prone",
+    "reference_rounding_bound",
     "rounded_reference",
     "rounding_bound",
     "stress_error",
@@ -307,6 +309,12 @@ def rounding_bound(graph: KernelGraph, dtype: str) -> float:
     return n * 2.0**-24 + 4 * _UNIT_ROUNDOFF[dtype]
 
 
+def reference_rounding_bound(graph: KernelGraph) -> float:
+    """:func:`rounding_bound` of the float64 reference itself: n·2^-53."""
+    n = max((d for t in graph.inputs for d in t.dims), default=1)
+    return n * 2.0**-53
+
+
 def ill_conditioned(
     reference: np.ndarray, perturbed: Sequence[np.ndarray], tol: float
 ) -> np.ndarray:
@@ -320,6 +328,31 @@ def ill_conditioned(
             moved = np.maximum(moved, np.abs(p.reshape(reference.shape) - reference))
         resolved: np.ndarray = 4 * moved <= tol * np.abs(reference)
     return ~resolved
+
+
+def overflow_prone(
+    reference: np.ndarray, perturbed: Sequence[np.ndarray], exempt: np.ndarray, dtype: str
+) -> np.ndarray:
+    """The elements of ``exempt`` (:func:`ill_conditioned`) where the float64 reference
+    itself cannot tell whether the value fits ``dtype``: the reference plus four times what
+    float64's own rounding moves it by (``perturbed``: references of inputs moved by
+    :func:`reference_rounding_bound`, best a draw and its mirror, since a one-sided
+    function such as silu keeps only one sign of the move; four, the margin
+    :func:`ill_conditioned` uses) passes the dtype's largest value.
+
+    A gated MLP's ``silu(x·W1)·(x·W3)`` on the extremes set has such elements: ``x·W1``
+    holds ±2^112 products that cancel, what float64 keeps of the terms beside them decides
+    its value, and a large ``x·W3`` turns that into a number or an overflow (the float64
+    reference said 0 where the exact value overflows; PyTorch eager returned infinity there
+    on 4 of 8 seeds). Such elements are not required to be finite."""
+    largest = _LIMITS[dtype][0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        moved = np.zeros(reference.shape)
+        for p in perturbed:
+            moved = np.maximum(moved, np.abs(p.reshape(reference.shape) - reference))
+        reach = np.abs(reference) + 4 * moved
+        out: np.ndarray = exempt.reshape(reference.shape) & ~(reach <= largest)
+    return out
 
 
 def rounded_reference(reference: Sequence[np.ndarray], dtypes: Sequence[str]) -> list[np.ndarray]:
@@ -340,6 +373,7 @@ def stress_error(
     edge: float = 0.0,
     exempt: Sequence[Any] | None = None,
     rounded: Sequence[Any] | None = None,
+    unbounded: Sequence[Any] | None = None,
 ) -> tuple[float, str | None]:
     """(worst relative error over the elements the reference keeps finite in the output
     dtype, a reason when the finite/non-finite pattern differs). A NaN of the reference is
@@ -348,7 +382,8 @@ def stress_error(
     dtype's largest value may come out as the infinity of its sign: an error the tolerance
     allows can round it past. Elements of ``exempt`` (per output, see
     :func:`ill_conditioned`) must be finite where the reference is, and are not compared
-    otherwise. ``rounded``: :func:`rounded_reference` of ``reference`` where the caller
+    otherwise, except those of ``unbounded`` (:func:`overflow_prone`), which need not be
+    finite either. ``rounded``: :func:`rounded_reference` of ``reference`` where the caller
     keeps it (computed here otherwise). Where ``reference`` holds torch tensors
     (``rounded`` and ``exempt`` then too: :func:`yirage._compare_torch.to_device`) it is
     compared on their device."""
@@ -357,7 +392,7 @@ def stress_error(
             raise ValueError("a reference on a device needs its rounded reference there too")
         largest = [_LIMITS[d][0] for d in dtypes]
         return _compare_torch.stress_error(
-            outputs, reference, rounded, dtypes, largest, edge, exempt
+            outputs, reference, rounded, dtypes, largest, edge, exempt, unbounded
         )
     worst = 0.0
     if rounded is None:
@@ -371,6 +406,8 @@ def stress_error(
             past = finite & np.isinf(got) & (np.sign(got) == np.sign(r))
             past &= np.abs(r) * (1 + edge) > _LIMITS[d][0]
         finite &= ~past
+        if unbounded is not None:
+            finite &= ~unbounded[i].reshape(finite.shape)
         lost = int(np.count_nonzero(finite & ~np.isfinite(got)))
         if lost:
             return math.inf, (
