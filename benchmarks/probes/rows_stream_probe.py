@@ -1,9 +1,12 @@
 """How fast does a fused RMSNorm + Linear Triton kernel stream W at tens of rows, against
 cuBLAS (``torch.mm``)? CUDA-graph replays with L2 flushed, medians. Forms (``norm``): 0 the
 dot alone (no norm: the streaming ceiling of the tiling), 1 the sum of squares in the loop
-(``dup=1``: A loaded twice, once for the dot and once for the squares, as the printer does;
-``dup=0``: one load shared), 2 the sum of squares in a loop of its own before the dot's.
-Run 1 timed norm 1 only (its ``CONFIGS`` had dup 0 and 1 over more tilings), run 2 this list.
+(``dup=1``: A loaded twice, once for the dot and once for the squares, as the printer did
+before codegen triton-21;
+``dup=0``: one load shared), 2 the sum of squares in a loop of its own before the dot's,
+3 the squares as the diagonal of ``A·Aᵀ`` accumulated by a second ``tl.dot`` on the same
+tile (A never leaves the dot pipeline). Run 1 timed norm 1 only (its ``CONFIGS`` had dup 0
+and 1 over more tilings), runs 2 and 3 norms 0-2, run 4 this list.
 ``python benchmarks/probes/rows_stream_probe.py``"""
 
 import statistics
@@ -18,6 +21,11 @@ SHAPES = [(24, 3000, 7000), (8, 5120, 5120), (64, 4096, 4096), (1, 4096, 11008)]
 #: (BK, BN, stages, warps, dup, norm)
 CONFIGS = [
     (128, 64, 3, 4, 1, 1),
+    (128, 64, 3, 4, 0, 3),
+    (128, 64, 4, 4, 0, 3),
+    (64, 64, 6, 4, 0, 3),
+    (256, 64, 3, 4, 0, 3),
+    (128, 128, 4, 4, 0, 3),
     (128, 64, 3, 4, 0, 0),
     (128, 64, 3, 4, 0, 2),
     (128, 64, 5, 4, 0, 2),
@@ -39,6 +47,7 @@ def rms_linear(
 ):  # fmt: skip
     bx = tl.program_id(0)
     ss = tl.zeros([BM, 1], tl.float32)
+    gram = tl.zeros([BM, BM], tl.float32)
     acc = tl.zeros([BM, BN], tl.float32)
     iters: tl.constexpr = K // BK
     rm = tl.arange(0, BM)
@@ -65,6 +74,8 @@ def rms_linear(
         if NORM == 1:
             af = a2.to(tl.float32)
             ss = ss + tl.sum(af * af, axis=1, keep_dims=True)
+        if NORM == 3:
+            gram = tl.dot(a, tl.trans(a), gram)
         acc = tl.dot(a, b, acc)
     if K % BK != 0:
         rk = iters * BK + tl.arange(0, BK)
@@ -74,7 +85,11 @@ def rms_linear(
         if NORM == 1:
             af = a.to(tl.float32)
             ss = ss + tl.sum(af * af, axis=1, keep_dims=True)
+        if NORM == 3:
+            gram = tl.dot(a, tl.trans(a), gram)
         acc = tl.dot(a, b, acc)
+    if NORM == 3:
+        ss = tl.sum(tl.where(rm[:, None] == rm[None, :], gram, 0.0), axis=1, keep_dims=True)
     if NORM == 0:
         ss = ss + K
     y = acc * (1.0 / tl.where(row, tl.sqrt(ss / K + 1e-06), 1.0))
@@ -112,7 +127,7 @@ def main() -> None:
         x = torch.randn(m, k, device="cuda", dtype=dt)
         w = torch.randn(k, n, device="cuda", dtype=dt) / k**0.5
         normed = torch.nn.functional.rms_norm(x.float(), (k,), eps=1e-6) @ w.float()
-        refs = {1: normed, 2: normed, 0: x.float() @ w.float()}
+        refs = {1: normed, 2: normed, 3: normed, 0: x.float() @ w.float()}
         mb = k * n * 2 / 1e6
         t_mm = graph_time(lambda x=x, w=w: torch.mm(x, w))
         print(f"{m}x{k}x{n}: torch.mm {t_mm:.1f} us ({mb / t_mm:.2f} TB/s)", flush=True)

@@ -39,3 +39,45 @@ def test_a_contender_over_the_give_up_time_stops_after_its_probe(gpu: Any) -> No
     assert "stopped after" in stopped.method and stopped.median_us > 100.0
     full = profile(_Spin(200_000), x, min_time_s=0.002, min_repeats=3, give_up_us=1e7)
     assert full.graph_median_us is not None and "stopped" not in full.method
+
+
+def test_a_launcher_of_several_steps_is_never_given_up(gpu: Any) -> None:
+    """Its eager times hold the host's gaps between steps, not device time."""
+    import torch
+
+    from yirage.plan import parse_plan
+
+    slow = _Spin(20_000_000)
+    slow.plan = parse_plan(_library_plan())  # type: ignore[attr-defined]
+    x = [torch.zeros(16, device="cuda")]
+    timed = profile(slow, x, min_time_s=0.002, min_repeats=3, give_up_us=100.0)
+    assert timed.graph_median_us is not None and "stopped" not in timed.method
+
+
+def _library_plan() -> dict[str, Any]:
+    return {
+        "format": "yirage.kernel_plan",
+        "version": 3,
+        "graph_hash": "two-library-steps",
+        "buffers": [
+            {"id": 0, "dims": [4, 4], "dtype": "float32", "role": "input", "index": 0},
+            {"id": 1, "dims": [4, 4], "dtype": "float32", "role": "intermediate"},
+            {"id": 2, "dims": [4, 4], "dtype": "float32", "role": "output", "index": 0},
+        ],
+        "kernels": [
+            {
+                "kind": "library",
+                "op": "unary",
+                "inputs": [0],
+                "outputs": [1],
+                "params": {"op": "exp"},
+            },
+            {
+                "kind": "library",
+                "op": "unary",
+                "inputs": [1],
+                "outputs": [2],
+                "params": {"op": "neg"},
+            },
+        ],
+    }

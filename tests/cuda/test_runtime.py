@@ -266,3 +266,16 @@ def test_a_cuda_cpp_refusal_is_a_note_not_a_variant(interp: Any) -> None:
     assert kernel.notes == [
         "CUDA C++ variant unavailable: CodegenError: the tile does not fit in shared memory"
     ]
+
+
+def test_only_one_kernel_launches_count_as_device_time_for_the_screen() -> None:
+    """The race's screen gives up on a contender by its eager launch times only where one
+    generated kernel is the whole call; several kernels or a library op leave host gaps."""
+    from yirage.plan import parse_plan
+    from yirage_triton._runtime import host_gaps
+
+    one = parse_plan(plans.rmsnorm_linear().plan)
+    two = parse_plan(plans.mixed_library().plan)
+    assert len(one.kernels) == 1 and not host_gaps(SimpleNamespace(plan=one))
+    assert host_gaps(SimpleNamespace(plan=two))
+    assert not host_gaps(SimpleNamespace())  # no plan: a bare device launcher

@@ -109,6 +109,34 @@ def test_dot_operand_with_an_elementwise_user_is_loaded_twice(interp: Any) -> No
     assert rel_err(outs[0], plans.rmsnorm_linear().reference(*xs)[0]) <= TOL["float32"]
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("h,split", [(512, 1), (500, 1), (512, 4), (500, 3)])
+def test_rms_of_a_dot_operand_is_a_gram_diagonal(dtype: str, h: int, split: int) -> None:
+    """RMSNorm's 16-bit X tile feeds tl.dot twice, X @ W and X @ Xᵀ, whose diagonal is the
+    rows' sum of squares: one load per tile, none in registers; masked (h 500 in tiles of
+    32) and split loops included. A float32 graph keeps the elementwise sum (a dot would
+    round X to tf32). Every printing matches the float64 reference."""
+    from yirage_cuda import CudaBackend
+    from yirage_triton import TritonOptions
+
+    case = plans.rmsnorm_linear(h=h, dtype=dtype)
+    splits = (("rms_mm", split),) if split > 1 else ()
+    opts = TritonOptions(bf16_dot_as_fp32=True, split_loop=splits)
+    be = CudaBackend(interpret=True, cuda_cpp=False, triton_options=opts)
+    code = be.codegen(case.plan).code
+    body = code.split("for it in tl.range(", 1)[1].split("\n    t", 1)[0]
+    loads = [ln.split("=")[0].strip() for ln in body.splitlines() if "tl.load(" in ln]
+    if dtype == "float32":
+        assert "tl.trans(" not in code and loads == ["t0", "t0e", "t1"], code
+    else:
+        x = "t0.to(tl.float32)" if dtype == "bfloat16" else "t0"
+        assert f"tl.dot({x}, tl.trans({x}), acc" in code, code
+        assert loads == ["t0", "t1"] and "t0e" not in code, code
+        assert code.count("tl.sum(tl.where(tl.arange(0, 16)[:, None] == ") == 1, code
+    outs, xs = run_case(be, case, seed=4)
+    assert rel_err(outs[0], case.reference(*xs)[0]) <= TOL[dtype]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_normalised_dot_operand_is_scaled_after_the_dot(dtype: str) -> None:
     """qknorm's K tile divided by its row norms feeds tl.dot raw and the scores are divided
