@@ -2,10 +2,12 @@
 
 The fused RMSNorm + Linear kernel at a model size (x [M, K] in the weight's dtype, W [K, N];
 a grid over N tiles, the for-loop over K tiles: the form the search picks at 8x4096x6144),
-printed and compiled four ways: float32, float16 and bfloat16 with the weight read in place
-(the printer's default), and bfloat16 with the weight tile converted into a private float
-tile before the matmul (the printer before it read 16-bit B tiles in place, kept here for
-the comparison). PyTorch's ``rms_norm(x) @ W`` in float32 and bfloat16 run beside them.
+printed and compiled five ways: float32, float16 and bfloat16 with the weight read in place
+(the printer's default: bfloat16 by AVX512-BF16 dot products where the host has them),
+bfloat16 widened (the ``bf16_widen`` variant: without the dot path), and bfloat16 with the
+weight tile converted into a private float tile before the matmul (the printer before it
+read 16-bit B tiles in place, kept here for the comparison). PyTorch's ``rms_norm(x) @ W``
+in float32 and bfloat16 run beside them.
 Everything is timed interleaved (``--rounds`` rounds, one call each per round) and the
 medians are printed in microseconds. Run from the repository root, OMP_NUM_THREADS stated::
 
@@ -90,13 +92,16 @@ def rmsnorm_linear_plan(dtype: str, m: int, k: int, n: int, grid: int, loop: int
     }
 
 
-def _launcher(backend: _backend.CpuBackend, plan: dict[str, Any], staged: bool) -> Any:
-    """Compile ``plan``; ``staged``: with every 16-bit tile converted to a float tile first."""
+def _launcher(
+    backend: _backend.CpuBackend, plan: dict[str, Any], staged: bool, bf16_dot: bool = True
+) -> Any:
+    """Compile ``plan``; ``staged``: with every 16-bit tile converted to a float tile first;
+    ``bf16_dot=False``: without the AVX512-BF16 dot path (the ``bf16_widen`` variant)."""
     only_b = _codegen._KernelPrinter._only_matmul_b
     if staged:
         _codegen._KernelPrinter._only_matmul_b = lambda self, oid: False  # type: ignore[method-assign]
     try:
-        return backend.load(backend.compile(backend.codegen(plan)))
+        return backend.load(backend.compile(backend.codegen(plan, bf16_dot=bf16_dot)))
     finally:
         _codegen._KernelPrinter._only_matmul_b = only_b  # type: ignore[method-assign]
 
@@ -116,15 +121,16 @@ def main() -> None:
     w32 = torch.from_numpy(rng.standard_normal((k, n), dtype=np.float32) / np.float32(k**0.5))
     backend = _backend.CpuBackend()
     cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
-    for label, dtype, staged in (
-        ("float32", "float32", False),
-        ("float16 in place", "float16", False),
-        ("bfloat16 in place", "bfloat16", False),
-        ("bfloat16 staged", "bfloat16", True),
+    for label, dtype, staged, dot in (
+        ("float32", "float32", False, True),
+        ("float16 in place", "float16", False, True),
+        ("bfloat16 in place", "bfloat16", False, True),
+        ("bfloat16 widened", "bfloat16", False, False),
+        ("bfloat16 staged", "bfloat16", True, True),
     ):
         plan = rmsnorm_linear_plan(dtype, m, k, n, args.grid, args.loop)
         tdt = getattr(torch, dtype)
-        cases[label] = (_launcher(backend, plan, staged), (x32.to(tdt), w32.to(tdt)))
+        cases[label] = (_launcher(backend, plan, staged, dot), (x32.to(tdt), w32.to(tdt)))
 
     def torch_ref(x: Any, w: Any) -> Any:
         return torch.nn.functional.rms_norm(x, (k,), eps=1e-6) @ w

@@ -23,7 +23,7 @@ from yirage_cpu import _codegen, _device_spec, _eager, _probe, _runtime, _toolch
 
 #: The variant of a plan whose bfloat16 matmuls widen B to float32 and use FMAs, raced
 #: beside the AVX512-BF16 dot path: which one is faster depends on the core (the dot
-#: path ran bfloat16 at 8 rows in 0.37-0.65x the float32 time on an AMD EPYC, and 1.5x
+#: path ran bfloat16 at 8 rows in 0.37-0.65x the float32 time on an AMD EPYC, and 1.3-1.5x
 #: slower than widening on an Intel Xeon).
 WIDEN_VARIANT = "bf16_widen"
 
