@@ -18,7 +18,7 @@ import yirage as yr
 from yirage import _core, _stress
 from yirage._kernel import CandidateReport, Shapes, SuperoptimizeReport
 from yirage._search import device_spec_json
-from yirage._superoptimize import _Exemptions, _stress_check
+from yirage._superoptimize import _stress_check
 
 FAST_PROFILE = {"min_time_s": 0.01, "min_repeats": 5}
 
@@ -429,7 +429,7 @@ def test_an_element_the_float64_reference_cannot_bound_need_not_be_finite() -> N
     (ref,) = stress.reference
     assert ref[0, 0] == 0.0 and np.isfinite(ref[0, 1])
     tol = _stress.stress_tolerance("float32")
-    ex = _Exemptions(g, stress, tol, list(stress.arrays))
+    ex = _stress.Exemptions(g, stress, tol, list(stress.arrays))
     exempt, unbounded = ex.step(2)
     assert unbounded is not None and exempt[0].tolist() == [[True, False]]
     assert unbounded[0].tolist() == [[True, False]]
@@ -465,7 +465,7 @@ def test_a_well_scaled_cancellation_stays_bounded() -> None:
     """The cancelling matmul of the float16 sets: float64 resolves it, so its element is
     exempt from the value comparison but must still be finite."""
     g, stress = _cancelling_stress()
-    ex = _Exemptions(g, stress, _stress.stress_tolerance("float16"), list(stress.arrays))
+    ex = _stress.Exemptions(g, stress, _stress.stress_tolerance("float16"), list(stress.arrays))
     assert ex.step(0)[0][0].tolist() == [[True, False]] and ex.step(0)[1] is None
     exempt, unbounded = ex.step(2)
     assert exempt[0].tolist() == [[True, False]]

@@ -2,7 +2,7 @@
 bfloat16 gated MLP (8x4096x11008)? For each check seed: ``silu(x @ w1) * (x @ w3)`` in
 bfloat16 on the extremes set, judged as the check did before (exemptions from one draw of
 the inputs, every exempt element required finite) and as it does now (the steps of
-``yirage._superoptimize._Exemptions``). CPU only:
+``yirage._stress.Exemptions``). CPU only:
 ``OMP_NUM_THREADS=2 python benchmarks/probes/stress_gated_probe.py --seeds 8``"""
 
 import argparse
@@ -13,7 +13,6 @@ import torch
 import yirage as yr
 from yirage import _check, _stress
 from yirage._kernel import Shapes
-from yirage._superoptimize import _Exemptions
 from yirage._workloads import get_workload
 
 
@@ -34,7 +33,7 @@ def main() -> None:
         s = _stress.extremes_stress(g, shapes, _check.check_inputs(g, seed), reference, seed)
         x, w1, w3 = (torch.from_numpy(np.asarray(a)).bfloat16() for a in s.arrays)
         outs = [torch.nn.functional.silu(x @ w1) * (x @ w3)]
-        ex = _Exemptions(g, s, tol, [x])
+        ex = _stress.Exemptions(g, s, tol, [x])
         verdicts = []
         for steps in (1, ex.STEPS):  # before: the first step only; now: every step
             err, why = _stress.stress_error(outs, s.reference, ["bfloat16"], edge=tol)

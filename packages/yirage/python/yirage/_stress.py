@@ -53,6 +53,7 @@ __all__ = [
     "EXP_TARGET",
     "EXTREMES_DENSITY",
     "LARGEST_CAP",
+    "Exemptions",
     "StressSet",
     "dtype_extremes",
     "exp_stress",
@@ -353,6 +354,66 @@ def overflow_prone(
         reach = np.abs(reference) + 4 * moved
         out: np.ndarray = exempt.reshape(reference.shape) & ~(reach <= largest)
     return out
+
+
+class Exemptions:
+    """What the comparison of a stress set (outputs on ``tensors``' device) may leave out,
+    loosened step by step, each step computed once per set when a contender first needs it
+    (each costs one or two float64 evaluations of the graph):
+
+    0. the elements float32 cannot compute to ``tol`` (:func:`ill_conditioned`)
+       when the inputs move by the rounding bound;
+    1. the same with the mirrored move added (a one-sided function such as silu keeps only
+       one sign of it);
+    2. among those, the elements whose finiteness the float64 reference cannot decide
+       (:func:`overflow_prone`), which need not be finite.
+
+    Each step only widens the last, so a contender judged at the first that passes would
+    pass at every later one."""
+
+    STEPS = 3
+
+    def __init__(
+        self, graph: KernelGraph, stress: StressSet, tol: float, tensors: list[Any]
+    ) -> None:
+        self._graph, self._stress, self._tol, self._tensors = graph, stress, tol, tensors
+        self.exempt_host: list[np.ndarray] = []
+        self.unbounded_host: list[np.ndarray] = []
+        self._moved: list[list[np.ndarray]] = []  # per output, the moved references so far
+        self._steps: list[tuple[list[Any], list[Any] | None]] = []
+
+    def step(self, i: int) -> tuple[list[Any], list[Any] | None]:
+        """(exempt, unbounded) of step ``i``, on the tensors' device."""
+        while len(self._steps) <= i:
+            self._steps.append(self._next(len(self._steps)))
+        return self._steps[i]
+
+    def _next(self, i: int) -> tuple[list[Any], list[Any] | None]:
+        run, g = self._stress.perturbed, self._graph
+        assert run is not None
+        if i < 2:
+            eta = max(rounding_bound(g, t.dtype.name) for t in g.outputs)
+            moved = run(eta if i == 0 else -eta, 1)
+            before = self._moved or [[] for _ in moved]
+            self._moved = [[*old, m] for old, m in zip(before, moved, strict=True)]
+            self.exempt_host = [
+                ill_conditioned(r, m, self._tol)
+                for r, m in zip(self._stress.reference, self._moved, strict=True)
+            ]
+            return _compare_torch.to_device(self.exempt_host, self._tensors), None
+        exempt = self._steps[-1][0]
+        if any(e.any() for e in self.exempt_host):
+            eta64 = reference_rounding_bound(g)
+            pairs = zip(run(eta64, 2), run(-eta64, 2), strict=True)
+            self.unbounded_host = [
+                overflow_prone(r, list(m), e, t.dtype.name)
+                for r, m, e, t in zip(
+                    self._stress.reference, pairs, self.exempt_host, g.outputs, strict=True
+                )
+            ]
+        else:
+            self.unbounded_host = [np.zeros_like(e) for e in self.exempt_host]
+        return exempt, _compare_torch.to_device(self.unbounded_host, self._tensors)
 
 
 def rounded_reference(reference: Sequence[np.ndarray], dtypes: Sequence[str]) -> list[np.ndarray]:

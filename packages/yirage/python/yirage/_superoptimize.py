@@ -634,66 +634,6 @@ def _stress_sets(
     return sets
 
 
-class _Exemptions:
-    """What a stress set's comparison may leave out, loosened step by step and each step
-    computed once per set, when a contender first needs it (each costs one or two float64
-    evaluations of the graph):
-
-    0. the elements float32 cannot compute to ``tol`` (:func:`yirage._stress.ill_conditioned`)
-       when the inputs move by the rounding bound;
-    1. the same with the mirrored move added (a one-sided function such as silu keeps only
-       one sign of it);
-    2. among those, the elements whose finiteness the float64 reference cannot decide
-       (:func:`yirage._stress.overflow_prone`), which need not be finite.
-
-    Each step only widens the last, so a contender judged at the first that passes would
-    pass at every later one."""
-
-    STEPS = 3
-
-    def __init__(
-        self, graph: KernelGraph, stress: _stress.StressSet, tol: float, tensors: list[Any]
-    ) -> None:
-        self._graph, self._stress, self._tol, self._tensors = graph, stress, tol, tensors
-        self.exempt_host: list[np.ndarray] = []
-        self.unbounded_host: list[np.ndarray] = []
-        self._moved: list[list[np.ndarray]] = []  # per output, the moved references so far
-        self._steps: list[tuple[list[Any], list[Any] | None]] = []
-
-    def step(self, i: int) -> tuple[list[Any], list[Any] | None]:
-        """(exempt, unbounded) of step ``i``, on the tensors' device."""
-        while len(self._steps) <= i:
-            self._steps.append(self._next(len(self._steps)))
-        return self._steps[i]
-
-    def _next(self, i: int) -> tuple[list[Any], list[Any] | None]:
-        run, g = self._stress.perturbed, self._graph
-        assert run is not None
-        if i < 2:
-            eta = max(_stress.rounding_bound(g, t.dtype.name) for t in g.outputs)
-            moved = run(eta if i == 0 else -eta, 1)
-            before = self._moved or [[] for _ in moved]
-            self._moved = [[*old, m] for old, m in zip(before, moved, strict=True)]
-            self.exempt_host = [
-                _stress.ill_conditioned(r, m, self._tol)
-                for r, m in zip(self._stress.reference, self._moved, strict=True)
-            ]
-            return _compare_torch.to_device(self.exempt_host, self._tensors), None
-        exempt = self._steps[-1][0]
-        if any(e.any() for e in self.exempt_host):
-            eta64 = _stress.reference_rounding_bound(g)
-            pairs = zip(run(eta64, 2), run(-eta64, 2), strict=True)
-            self.unbounded_host = [
-                _stress.overflow_prone(r, list(m), e, t.dtype.name)
-                for r, m, e, t in zip(
-                    self._stress.reference, pairs, self.exempt_host, g.outputs, strict=True
-                )
-            ]
-        else:
-            self.unbounded_host = [np.zeros_like(e) for e in self.exempt_host]
-        return exempt, _compare_torch.to_device(self.unbounded_host, self._tensors)
-
-
 def _stress_check(
     be: Backend,
     graph: KernelGraph,
@@ -717,7 +657,7 @@ def _stress_check(
     rounded = _compare_torch.to_device(stress.rounded, tensors)
     reference = _compare_torch.to_device(stress.reference, tensors)
     verdicts: dict[Key, str | None] = {}
-    ex = _Exemptions(graph, stress, tol, tensors)
+    ex = _stress.Exemptions(graph, stress, tol, tensors)
     for entry in passing:
         try:
             outputs = entry[4](*tensors)
