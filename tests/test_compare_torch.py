@@ -35,7 +35,16 @@ def _outputs(rng: np.random.Generator, ref: np.ndarray, dtype: str) -> dict[str,
     nan.flat[5] = np.nan
     inf = close.copy()
     inf.flat[7] = -np.inf
-    return {"close": close, "far": far, "nan": nan, "inf": inf, "wrong shape": close[:-1]}
+    back = close.copy()
+    back.flat[0] = np.finfo(np_dtype).max  # the reference just past it: may stay finite
+    return {
+        "close": close,
+        "far": far,
+        "nan": nan,
+        "inf": inf,
+        "back from the edge": back,
+        "wrong shape": close[:-1],
+    }
 
 
 def _reference(rng: np.random.Generator, dtype: str) -> np.ndarray:
@@ -79,6 +88,12 @@ def test_stress_error_on_the_device_matches_numpy(dtype: str) -> None:
     # the NaN at 5 is refused however exempt; the -inf at 7 is allowed where unbounded
     assert ("nan", True, False) in verdicts and ("inf", True, True) in verdicts
     assert np.isinf(_stress.stress_error([_outputs(rng, ref[0], dtype)["nan"]], ref, [dtype])[0])
+    # the largest value where the reference is just past it: allowed within the tolerance only
+    back = [torch.from_numpy(_outputs(rng, ref[0], dtype)["back from the edge"])]
+    assert _stress.stress_error(back, on_device, [dtype], 1e-2, None, rounded_dev)[1] is None
+    assert "overflows" in str(
+        _stress.stress_error(back, on_device, [dtype], 0.0, None, rounded_dev)[1]
+    )
 
 
 def test_stress_error_on_the_device_needs_its_rounded_reference() -> None:

@@ -441,7 +441,8 @@ def stress_error(
     not compared (see the module doc); an infinite one must be non-finite in the output
     unless it is exempt. A finite reference within relative ``edge`` (the tolerance) of the
     dtype's largest value may come out as the infinity of its sign: an error the tolerance
-    allows can round it past. Elements of ``exempt`` (per output, see
+    allows can round it past; likewise a reference just past the largest value may come out
+    finite within ``edge`` of it (rounding an intermediate to the dtype can bring it back). Elements of ``exempt`` (per output, see
     :func:`ill_conditioned`) must be finite where the reference is, and are not compared
     otherwise, except those of ``unbounded`` (:func:`overflow_prone`), which need not be
     finite either. ``rounded``: :func:`rounded_reference` of ``reference`` where the caller
@@ -478,6 +479,8 @@ def stress_error(
         overflows = np.isinf(want)
         if exempt is not None:
             overflows &= ~exempt[i].reshape(overflows.shape)
+        with np.errstate(invalid="ignore"):  # an overflow within the tolerance may stay finite
+            overflows &= ~(np.isfinite(r) & (np.abs(got - r) <= edge * np.abs(r)))
         extra = int(np.count_nonzero(overflows & np.isfinite(got)))
         if extra:
             return math.inf, (
