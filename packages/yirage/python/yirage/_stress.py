@@ -442,13 +442,13 @@ def stress_error(
     unless it is exempt. A finite reference within relative ``edge`` (the tolerance) of the
     dtype's largest value may come out as the infinity of its sign: an error the tolerance
     allows can round it past; likewise a reference just past the largest value may come out
-    finite within ``edge`` of it (rounding an intermediate to the dtype can bring it back). Elements of ``exempt`` (per output, see
-    :func:`ill_conditioned`) must be finite where the reference is, and are not compared
-    otherwise, except those of ``unbounded`` (:func:`overflow_prone`), which need not be
-    finite either. ``rounded``: :func:`rounded_reference` of ``reference`` where the caller
-    keeps it (computed here otherwise). Where ``reference`` holds torch tensors
-    (``rounded`` and ``exempt`` then too: :func:`yirage._compare_torch.to_device`) it is
-    compared on their device."""
+    finite within ``edge`` of it (rounding an intermediate to the dtype can bring it back).
+    Elements of ``exempt`` (per output, see :func:`ill_conditioned`) must be finite where
+    the reference is, and are not compared otherwise, except those of ``unbounded``
+    (:func:`overflow_prone`), which need not be finite either. ``rounded``:
+    :func:`rounded_reference` of ``reference`` where the caller keeps it (computed here
+    otherwise). Where ``reference`` holds torch tensors (``rounded`` and ``exempt`` then
+    too: :func:`yirage._compare_torch.to_device`) it is compared on their device."""
     if reference and _compare_torch.is_torch_tensor(reference[0]):
         if rounded is None:
             raise ValueError("a reference on a device needs its rounded reference there too")
