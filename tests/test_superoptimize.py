@@ -484,6 +484,22 @@ def test_decision_cache_skips_search_and_profiling(monkeypatch: pytest.MonkeyPat
     assert len(calls) == 2
 
 
+def test_a_new_printer_version_races_the_decision_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached decision was raced among kernels of the printers of its time: when a
+    backend's printer version moves (the package version need not), the search and race run
+    again; the same versions reuse the decision."""
+    calls = _fake_search(monkeypatch, [_fused_plan(), _baseline_plan()])
+    opts: dict[str, Any] = {"backend": "cpu", "profile_options": FAST_PROFILE, "cache_noisy": True}
+    be = _registry.resolve_backend("cpu")
+    assert be.codegen_versions  # the cpu printer's version keys its decisions
+    superoptimize(_rms_graph(), **opts)
+    assert superoptimize(_rms_graph(), **opts).report.from_cache and len(calls) == 1
+    bumped = {k: v + "-next" for k, v in be.codegen_versions.items()}
+    monkeypatch.setattr(type(be), "codegen_versions", property(lambda self: bumped))
+    assert not superoptimize(_rms_graph(), **opts).report.from_cache and len(calls) == 2
+    assert superoptimize(_rms_graph(), **opts).report.from_cache and len(calls) == 2
+
+
 class _DeviceDraws:
     """Stands in for a backend's device generator on the cpu backend: records every draw
     (thread, seeds, scales) and can be made to give other values for the same seed."""

@@ -69,6 +69,10 @@ class CpuBackend(Backend):
             self._version = Backend.package_version.fget(self)  # type: ignore[attr-defined]
         return self._version
 
+    @property
+    def codegen_versions(self) -> dict[str, str]:
+        return {"cpu": _codegen.CODEGEN_VERSION}
+
     def probe(self) -> ProbeResult:
         return _probe.probe()
 

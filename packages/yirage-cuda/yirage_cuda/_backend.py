@@ -32,6 +32,7 @@ from yirage.plugin import (
 )
 from yirage_cuda import _device_spec, _env, _probe, _toolchain, _verification
 from yirage_cuda._cpp_runtime import CudaCppLauncher
+from yirage_cuda._cuda_codegen import CODEGEN_VERSION as CUDACPP_VERSION
 from yirage_cuda._cuda_codegen import CudaCppOptions, CudaCppSource, generate_cuda
 from yirage_triton import (
     TritonArtifact,
@@ -228,6 +229,10 @@ class CudaBackend(TritonBackend):
             return None
         info = _toolchain.device_info()
         return info.arch if info is not None else None
+
+    @property
+    def codegen_versions(self) -> dict[str, str]:
+        return {**super().codegen_versions, "cudacpp": CUDACPP_VERSION}
 
     @property
     def verification_level(self) -> VerificationLevel:  # type: ignore[override]

@@ -21,7 +21,7 @@ from yirage.plugin import (
     VerificationLevel,
 )
 from yirage_mps import _device_spec, _probe
-from yirage_mps._msl_codegen import MslOptions, MslSource, generate_msl
+from yirage_mps._msl_codegen import CODEGEN_VERSION, MslOptions, MslSource, generate_msl
 from yirage_mps._runtime import (
     EmulatedLauncher,
     MpsLauncher,
@@ -77,6 +77,10 @@ class MpsBackend(Backend):
 
     def known_devices(self) -> dict[str, DeviceSpec]:
         return dict(_device_spec.KNOWN_DEVICES)
+
+    @property
+    def codegen_versions(self) -> dict[str, str]:
+        return {"msl": CODEGEN_VERSION}
 
     @property
     def torch_device(self) -> str | None:

@@ -19,7 +19,7 @@ from yirage.plugin import (
     VerificationLevel,
 )
 from yirage_tpu import _device_spec, _probe
-from yirage_tpu._pallas import PallasSource, generate_pallas
+from yirage_tpu._pallas import CODEGEN_VERSION, PallasSource, generate_pallas
 from yirage_tpu._probe import JAX_HINT
 from yirage_tpu._runtime import (
     PallasLauncher,
@@ -71,6 +71,10 @@ class TpuBackend(Backend):
             raise BackendError(f"unknown TPU chip {chip!r}; use one of {known}")
         self.interpret = bool(interpret)
         self.chip = chip
+
+    @property
+    def codegen_versions(self) -> dict[str, str]:
+        return {"pallas": CODEGEN_VERSION}
 
     # -- probe / device ------------------------------------------------------------------
     def probe(self) -> ProbeResult:

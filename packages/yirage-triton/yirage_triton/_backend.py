@@ -43,7 +43,7 @@ from yirage.plugin import (
 )
 from yirage_triton import _toolchain
 from yirage_triton._align import misaligned_inputs
-from yirage_triton._codegen import TritonOptions, TritonSource, generate_triton
+from yirage_triton._codegen import CODEGEN_VERSION, TritonOptions, TritonSource, generate_triton
 from yirage_triton._host import is_library_plan
 from yirage_triton._runtime import (
     Launcher,
@@ -154,6 +154,10 @@ class TritonBackend(Backend):
         self.interpret = bool(interpret)
         self.triton_options = triton_options
         self._timing: TimingSession | None = None
+
+    @property
+    def codegen_versions(self) -> dict[str, str]:
+        return {"triton": CODEGEN_VERSION}
 
     # -- hooks of the vendor -------------------------------------------------------------------
     def probe_device(self) -> ProbeResult:

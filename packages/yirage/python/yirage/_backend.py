@@ -87,6 +87,12 @@ class Backend(ABC):
             return "0+unknown"
 
     @property
+    def codegen_versions(self) -> dict[str, str]:
+        """The versions of the printers this backend uses (name: version). A cached
+        decision was raced among kernels of these printers: bumping one re-races it."""
+        return {}
+
+    @property
     def codegen_implemented(self) -> bool:
         return type(self).codegen is not Backend.codegen
 

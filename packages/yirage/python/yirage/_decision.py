@@ -1,8 +1,9 @@
 """The decision cache of ``superoptimize``: the chosen plan, its variant and the report,
 keyed by everything that decides them, plus the cold run's check reference next to it.
 
-Key: the graph hash, the backend and its version, the DeviceSpec (and the one the search was
-pinned to, if any), the core and yirage versions, the search options and ``DECISION_VERSION``.
+Key: the graph hash, the backend, its version and its printers' versions, the DeviceSpec
+(and the one the search was pinned to, if any), the core and yirage versions, the search
+options and ``DECISION_VERSION``.
 The reference file holds the float64 reference outputs of the cold run's check inputs, so a
 warm call re-checks the kernel on the same (regenerated) inputs without re-evaluating.
 """
@@ -44,6 +45,7 @@ def decision_path(
         "graph": graph.hash(),
         "backend": be.name,
         "backend_version": be.package_version,
+        "codegen": json.dumps(be.codegen_versions, sort_keys=True),
         "device": spec_json,
         "searched_for": pinned_json,
         "core": _core.__version__,
