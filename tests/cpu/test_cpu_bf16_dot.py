@@ -310,6 +310,26 @@ def test_the_backend_races_the_widening_path_beside_the_dot_path(host_bf16: None
         assert rel_err(_f64(y), want) < BF16_TOL
 
 
+def test_the_widening_variant_is_printed_only_when_looked_up(
+    host_bf16: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm call takes one variant by name: listing the variants and taking the default
+    prints nothing more; looking up ``bf16_widen`` prints it once."""
+    backend = CpuBackend()
+    launcher = backend.load(backend.compile(backend.codegen(_lora())))
+    printed: list[bool] = []
+    codegen = CpuBackend.codegen
+
+    def counting(self: CpuBackend, plan: Any, **kw: Any) -> Any:
+        printed.append(kw.get("bf16_dot", True))
+        return codegen(self, plan, **kw)
+
+    monkeypatch.setattr(CpuBackend, "codegen", counting)
+    variants = backend.variants(launcher)
+    assert "bf16_widen" in variants and variants["default"] is launcher and printed == []
+    assert variants["bf16_widen"] is variants["bf16_widen"] and printed == [False]
+
+
 def test_a_plan_without_the_dot_path_has_no_widening_variant() -> None:
     """A float32 A keeps the float path on every host: nothing to race it against."""
     backend = CpuBackend()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,29 @@ from yirage_cpu import _codegen, _device_spec, _eager, _probe, _runtime, _toolch
 #: path ran bfloat16 at 8 rows in 0.37-0.65x the float32 time on an AMD EPYC, and 1.3-1.5x
 #: slower than widening on an Intel Xeon).
 WIDEN_VARIANT = "bf16_widen"
+
+
+class _Variants(Mapping[str, Any]):
+    """Variant launchers built on first use: a warm call takes one variant by name, and
+    printing and loading the others would be wasted."""
+
+    def __init__(self, build: Mapping[str, Callable[[], Any]]) -> None:
+        self._build = build
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            self._built[name] = self._build[name]()
+        return self._built[name]
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would build the launcher
+        return name in self._build
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._build)
+
+    def __len__(self) -> int:
+        return len(self._build)
 
 
 @dataclass(frozen=True)
@@ -155,18 +178,18 @@ class CpuBackend(Backend):
         plan of library kernels alone where torch is installed, the same plan as PyTorch
         eager runs it (:mod:`yirage_cpu._eager`, ``torch_eager``): numpy's library calls are
         well behind eager on compute-bound graphs, and the race must have eager among its
-        contenders."""
-        out: dict[str, Any] = {DEFAULT_VARIANT: launcher}
+        contenders. The others are built when first looked up."""
+        out: dict[str, Callable[[], Any]] = {DEFAULT_VARIANT: lambda: launcher}
         if isinstance(launcher, _runtime.CpuLauncher) and launcher.program.bf16_dot:
-            widened = self.codegen(launcher.program.plan, bf16_dot=False)
-            out[WIDEN_VARIANT] = self.load(self.compile(widened))
+            plan = launcher.program.plan
+            out[WIDEN_VARIANT] = lambda: self.load(self.compile(self.codegen(plan, bf16_dot=False)))
         if (
             isinstance(launcher, _runtime.CpuLauncher)
             and _eager.eager_applies(launcher.program.plan)
             and importlib.util.find_spec("torch") is not None
         ):
-            out[_eager.EAGER_VARIANT] = _eager.EagerLauncher(launcher)
-        return out
+            out[_eager.EAGER_VARIANT] = lambda: _eager.EagerLauncher(launcher)
+        return _Variants(out)
 
     def profile(
         self, launcher: Any, inputs: Sequence[Any] | None = None, **options: Any

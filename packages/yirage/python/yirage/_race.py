@@ -393,14 +393,18 @@ def prefer_baseline(
     return [base, *(c for c in ranked if c is not base)]
 
 
-def variants_of(be: Backend, launcher: Any) -> dict[str, Any]:
-    """``be.variants(launcher)``, checked: a non-empty mapping of names to launchers."""
+def variants_of(be: Backend, launcher: Any) -> Mapping[str, Any]:
+    """``be.variants(launcher)``, checked: a non-empty mapping of names to launchers (kept
+    as given where its names are strings: a backend may build a launcher when it is first
+    looked up)."""
     variants = be.variants(launcher)
     if not isinstance(variants, Mapping) or not variants:
         raise TypeError(
             f"{type(be).__name__}.variants() returned {variants!r}: it must return a non-empty "
             "mapping of variant name to launcher (the default is {'default': launcher})"
         )
+    if all(isinstance(k, str) for k in variants):
+        return variants
     return {str(k): v for k, v in variants.items()}
 
 
