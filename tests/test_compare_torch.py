@@ -173,3 +173,19 @@ def test_the_stress_check_compares_on_the_device_and_exempts_as_on_the_host(
     assert [e[1] for e in kept] == [0]
     assert calls, "the comparisons did not run on the device"
     assert any("checked for finiteness only" in n for n in rep.notes), rep.notes
+
+
+def test_torch_still_being_imported_holds_no_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one thread imports torch, another sees it in ``sys.modules`` without its
+    ``Tensor`` (the check's background threads met it that way and failed with
+    AttributeError): nothing is a torch tensor then."""
+    import sys
+    import types
+
+    from yirage_cpu import _runtime
+
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    arrays = [np.zeros(3), np.ones(2)]
+    assert _reference_torch.device_of(arrays) is None
+    assert not _compare_torch.is_torch_tensor(arrays[0])
+    assert not _runtime._is_torch(arrays[0])

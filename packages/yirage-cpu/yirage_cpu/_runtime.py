@@ -108,8 +108,9 @@ def _torch_dtype(name: str) -> Any:
 
 
 def _is_torch(x: object) -> bool:
-    torch = sys.modules.get("torch")  # never import torch just to check
-    return torch is not None and not isinstance(x, np.ndarray) and isinstance(x, torch.Tensor)
+    # never import torch just to check; while another thread imports it, it has no Tensor yet
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    return tensor is not None and not isinstance(x, np.ndarray) and isinstance(x, tensor)
 
 
 def _as_numpy(x: object, spec: _BufSpec, what: str) -> tuple[np.ndarray, bool]:

@@ -35,8 +35,8 @@ Tensor = Any
 
 def is_torch_tensor(x: Any) -> bool:
     """Whether ``x`` is a torch tensor (the form :func:`to_device` gives references)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)  # None while being imported
+    return tensor is not None and isinstance(x, tensor)
 
 
 def to_device(arrays: Sequence[Any], like: Sequence[Any]) -> list[Any]:

@@ -69,11 +69,12 @@ class _Refused(Exception):
 def device_of(tensors: Sequence[Any]) -> Any | None:
     """The torch device of ``tensors`` when every one is a torch tensor on a device of
     :data:`DEVICE_TYPES` (one device), else None."""
-    torch = sys.modules.get("torch")
-    if torch is None or not tensors:
+    # torch while another thread still imports it has no Tensor yet (nor any tensor of it)
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    if tensor is None or not tensors:
         return None
-    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
-    if len(devices) != 1 or not all(isinstance(t, torch.Tensor) for t in tensors):
+    devices = {t.device for t in tensors if isinstance(t, tensor)}
+    if len(devices) != 1 or not all(isinstance(t, tensor) for t in tensors):
         return None
     device = devices.pop()
     return device if device.type in DEVICE_TYPES else None
