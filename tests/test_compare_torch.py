@@ -189,3 +189,36 @@ def test_torch_still_being_imported_holds_no_tensors(monkeypatch: pytest.MonkeyP
     assert _reference_torch.device_of(arrays) is None
     assert not _compare_torch.is_torch_tensor(arrays[0])
     assert not _runtime._is_torch(arrays[0])
+
+
+def test_perturbed_references_of_gpu_check_tensors_are_drawn_there(
+    cpu_as_gpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stress sets built from check tensors on a (stand-in) GPU move their inputs on that
+    device for the exemptions' perturbed references, not on the host."""
+    import yirage as yr
+    from yirage._kernel import Shapes
+    from yirage._superoptimize import _stress_sets
+
+    drawn: list[Any] = []
+    real = _stress._moved_on
+
+    def spy(arrays: Any, eta: float, seed: int, device: Any) -> Any:
+        drawn.append(device)
+        return real(arrays, eta, seed, device)
+
+    monkeypatch.setattr(_stress, "_moved_on", spy)
+    g = yr.new_kernel_graph()
+    x = g.new_input((4, 16), yr.float16)
+    w = g.new_input((16, 8), yr.float16)
+    g.mark_output(g.matmul(x, w))
+    rng = np.random.default_rng(2)
+    tensors = [
+        torch.from_numpy(rng.standard_normal(d).astype(np.float32)) for d in ((4, 16), (16, 8))
+    ]
+    (extremes,) = _stress_sets(g, Shapes(g), tensors, 3)
+    assert extremes.perturbed is not None
+    (moved,) = extremes.perturbed(1e-3, 1)
+    assert drawn == [torch.device("cpu")] and moved.shape == (4, 8)
+    (ref,) = extremes.reference
+    assert np.abs(moved - ref).max() <= 1e-2 * np.abs(ref).max()

@@ -359,6 +359,38 @@ def _matmul_stress(
     )
 
 
+@pytest.mark.parametrize("on_device", [False, True])
+def test_perturbed_inputs_move_by_eta_and_mirror(on_device: bool) -> None:
+    """The perturbed references see each input element times ``1 + eta·v``, ``|v| <= 1``:
+    the same ``v`` for ``eta`` and ``-eta`` (a draw and its mirror), another for another
+    seed, the same again for the same seed; drawn on the host, or on the torch device the
+    references run on (CPU torch stands in for a GPU here)."""
+    device = None
+    if on_device:
+        torch = pytest.importorskip("torch")
+        device = torch.device("cpu")
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((33, 7)).astype(np.float32), np.ones(5, np.float32)]
+    seen: list[list[np.ndarray]] = []
+
+    def reference(moved: list[Any]) -> list[np.ndarray]:
+        out = [np.asarray(m.cpu().numpy() if hasattr(m, "cpu") else m) for m in moved]
+        assert all(o.dtype == np.float64 for o in out)
+        seen.append(out)
+        return out
+
+    run = _stress._perturbed(reference, arrays, device)
+    eta = 1e-3
+    up, down, again, other = run(eta, 1), run(-eta, 1), run(eta, 1), run(eta, 2)
+    for i, a in enumerate(arrays):
+        v = up[i] / a - 1
+        assert np.all(np.abs(v) <= eta * (1 + 1e-6)) and np.abs(v).max() > eta / 2
+        np.testing.assert_allclose(up[i] + down[i], 2 * a, rtol=1e-12)
+        np.testing.assert_array_equal(again[i], up[i])
+        assert not np.array_equal(other[i], up[i])
+    assert len(seen) == 4
+
+
 def _cancelling_stress() -> tuple[yr.KernelGraph, _stress.StressSet]:
     """X @ W whose element (0, 0) is 65504² + 0.5 - 65504² = 0.5 exactly (no float32 sum keeps
     the 0.5 next to 4.3e9) and whose element (0, 1) is 2: well conditioned."""

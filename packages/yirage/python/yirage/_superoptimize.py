@@ -626,7 +626,7 @@ def _stress_sets(
         return reference_outputs(graph, shapes, ins, device)
 
     exp = _stress.exp_stress(graph, shapes, arrays, reference, device)
-    extremes = _stress.extremes_stress(graph, shapes, arrays, reference, seed)
+    extremes = _stress.extremes_stress(graph, shapes, arrays, reference, seed, device)
     sets = [extremes] if exp is None else [exp, extremes]
     dtypes = [t.dtype.name for t in graph.outputs]
     for s in sets:  # here, in the background, not while the check waits (a second at 16M)
