@@ -72,8 +72,9 @@ def test_prefill_reference_on_the_gpu_matches_the_core_on_slices(
     assert [s.name.split(":")[0] for s in stress] == ["exp stress", "dtype extremes"]
     for s in stress:
         _check_slices(s.reference, *s.arrays, what=s.name)
-    rng = np.random.default_rng([1, 0x7065727475])  # the perturbation ``perturbed`` draws
-    arrays = [a * (1 + 1e-3 * rng.uniform(-1, 1, a.shape)) for a in stress[0].arrays]
+    # the inputs ``perturbed`` moved on the GPU (the same generator and seed draw them again)
+    device = tensors[0].device
+    arrays = [m.cpu().numpy() for m in _stress._moved_on(stress[0].arrays, 1e-3, 1, device)]
     _check_slices(moved, *arrays, what="exp stress, perturbed")
 
 
