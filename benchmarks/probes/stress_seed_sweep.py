@@ -9,7 +9,8 @@ as the generated kernels do); a rejection of it is a false alarm of the check to
 float16 an intermediate that overflows (``x @ W`` with float16's largest value in W) gives
 Inf or NaN where float64 gives a number, and the check rightly rejects it; inspect the
 others. ``check_seed=`` fixes the inputs, so a printed seed reproduces.
-``OMP_NUM_THREADS=2 python benchmarks/probes/stress_seed_sweep.py --seeds 10``"""
+``OMP_NUM_THREADS=2 python benchmarks/probes/stress_seed_sweep.py --seeds 10``; one
+workload at other dims: ``--workloads rmsnorm_linear --dims b=8 h=256 n=128``."""
 
 import argparse
 from collections import Counter
@@ -26,13 +27,15 @@ def main() -> None:
     ap.add_argument("--first", type=int, default=0)
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     ap.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"])
+    ap.add_argument("--dims", nargs="*", default=[], help="k=v overriding the preset's dims")
     args = ap.parse_args()
+    dims = {k: int(v) for k, v in (d.split("=") for d in args.dims)}
     counts: Counter[str] = Counter()
     for name in args.workloads:
         w = get_workload(name)
         for dname in args.dtypes:
             dt = DTYPES[dname]
-            g = w._build({**w.shapes["cpu"], "dtype": dt}, dt)
+            g = w._build({**w.shapes["cpu"], **dims, "dtype": dt}, dt)
             for seed in range(args.first, args.first + args.seeds):
                 k = g.superoptimize(backend="cpu", cache=False, check_seed=seed)
                 for c in k.report.candidates:

@@ -16,7 +16,6 @@ across float16's overflow threshold) and copied over with the rest.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +34,7 @@ Tensor = Any
 
 def is_torch_tensor(x: Any) -> bool:
     """Whether ``x`` is a torch tensor (the form :func:`to_device` gives references)."""
-    tensor = getattr(sys.modules.get("torch"), "Tensor", None)  # None while being imported
+    tensor = _reference_torch.tensor_type()
     return tensor is not None and isinstance(x, tensor)
 
 

@@ -66,11 +66,16 @@ class _Refused(Exception):
     """The graph holds an op this module does not mirror."""
 
 
+def tensor_type() -> Any:
+    """``torch.Tensor`` where torch is imported, without importing it; None also while
+    another thread is still importing it (no tensor exists yet then)."""
+    return getattr(sys.modules.get("torch"), "Tensor", None)
+
+
 def device_of(tensors: Sequence[Any]) -> Any | None:
     """The torch device of ``tensors`` when every one is a torch tensor on a device of
     :data:`DEVICE_TYPES` (one device), else None."""
-    # torch while another thread still imports it has no Tensor yet (nor any tensor of it)
-    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    tensor = tensor_type()
     if tensor is None or not tensors:
         return None
     devices = {t.device for t in tensors if isinstance(t, tensor)}

@@ -300,8 +300,8 @@ def _perturbed(
     """``run(eta, seed)``: ``reference`` of ``arrays``, each element times ``1 + eta·v``,
     ``v`` uniform in [-1, 1) drawn from ``seed`` (the same ``v`` for ``eta`` and ``-eta``:
     a draw and its mirror). With a torch ``device`` (where the references run) the inputs
-    are moved there: on the host, in float64, moving GQA decode kv16384's 67M input
-    elements takes half a second, on a GPU milliseconds."""
+    are moved there rather than on the host, where moving GQA decode kv16384's 67M input
+    elements in float64 takes about half a second (``benchmarks/probes/perturb_cost.py``)."""
 
     def run(eta: float, seed: int) -> list[np.ndarray]:
         if device is not None:
