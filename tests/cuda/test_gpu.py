@@ -377,3 +377,47 @@ def test_uneven_splits_on_the_gpu(gpu: Any, case: plans.Case, split: int) -> Non
     outs, xs = run(be, kernel, case)
     for o, r in zip(outs, case.reference(*xs), strict=True):
         assert rel_err(o, r) <= TOL["float16"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_attention_baseline_as_fused_attention_on_the_gpu(gpu: Any, dtype: str) -> None:
+    """The ``torch_sdpa`` printing of the search's attention baseline (a kv no tile divides)
+    matches the float64 reference and profiles with graph replay."""
+    import math
+
+    import torch
+
+    import yirage as yr
+
+    heads, rows, d, kv = 4, 192, 128, 1031
+    dt = getattr(yr, dtype)
+    g = yr.new_kernel_graph()
+    q = g.new_input((heads, rows, d), dt)
+    kt = g.new_input((heads, d, kv), dt)
+    v = g.new_input((heads, kv, d), dt)
+    g.mark_output(g.matmul(g.softmax(g.mul_scalar(g.matmul(q, kt), 1 / math.sqrt(d)), -1), v))
+    res = yr.search(g, top_k=1, cache=False, max_kernel_ops=1)
+    base = next(c for c in res.candidates if c.baseline)
+    variants = gpu.variants(gpu.load(gpu.compile(gpu.codegen(base.kernel_plan()))))
+    assert "torch_sdpa" in variants
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s) for s in ((heads, rows, d), (heads, d, kv), (heads, kv, d))]
+    tensors = [torch.from_numpy(x).to(getattr(torch, dtype)).cuda() for x in xs]
+    (out,) = variants["torch_sdpa"](*tensors)
+    (want,) = g.evaluate([t.double().cpu().numpy() for t in tensors])
+    assert rel_err(out.double().cpu().numpy(), want) <= TOL[dtype]
+    prof = gpu.profile(variants["torch_sdpa"], tensors, repeats=20, warmup=5)
+    assert prof.graph_error is None and prof.graph_median_us is not None
+
+
+@pytest.mark.parametrize("dims", [(3, 128, 1031), (2, 5, 7, 65), (64, 1)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_transposed_copy_on_the_gpu(gpu: Any, dims: tuple[int, ...], dtype: str) -> None:
+    """The tiled Triton transpose equals torch's, ragged edges and leading dims included."""
+    import torch
+
+    from yirage_triton import transposed_copy
+
+    x = torch.randn(dims, device="cuda").to(getattr(torch, dtype))
+    out = transposed_copy(x)
+    assert out.is_contiguous() and torch.equal(out, x.transpose(-1, -2))

@@ -69,6 +69,7 @@ from yirage_triton._toolchain import (
     triton_versions,
     write_triton_module,
 )
+from yirage_triton._transpose import transposed_copy
 
 __all__ = [
     "AOT_TARGETS",
@@ -118,6 +119,7 @@ __all__ = [
     "require_triton",
     "subtile_kernel",
     "time_callable",
+    "transposed_copy",
     "triton_has_pdl",
     "triton_key",
     "triton_versions",

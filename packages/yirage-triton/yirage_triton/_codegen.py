@@ -82,7 +82,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-21"
+CODEGEN_VERSION = "triton-22"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -170,6 +170,8 @@ class TritonOptions:
     in ``KERNELS`` (AMD: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``).
     ``eager_library``: a plan of library kernels alone runs as PyTorch eager runs the graph (see
     :mod:`yirage_triton._host`); the backend profiles it as a variant of its own.
+    ``fused_attention``: attention chains of library kernels run as one call of PyTorch's
+    fused attention (see :mod:`yirage_triton._sdpa`).
     ``align_rows``: graph inputs whose rows are no multiple of 16 bytes are copied into
     row-padded buffers first, which the kernels read (see :mod:`yirage_triton._align`).
     ``exact_softmax_shift``: kernels with a safe-softmax group or a shift carry are compiled
@@ -195,6 +197,7 @@ class TritonOptions:
     dot_sum_precision: str = "tf32"
     launch_options: tuple[tuple[str, int], ...] = ()
     eager_library: bool = False
+    fused_attention: bool = False
     exact_softmax_shift: bool = False
     align_rows: bool = False
 
@@ -213,6 +216,8 @@ class TritonOptions:
             key += f";launch={list(self.launch_options)}"
         if self.eager_library:
             key += ";eager"
+        if self.fused_attention:
+            key += ";sdpa"
         if self.exact_softmax_shift:
             key += ";exactshift"
         if self.align_rows:
@@ -1872,8 +1877,17 @@ def generate_triton(plan: object, options: TritonOptions | None = None) -> Trito
 
     out += [
         "",
-        *launcher_lines(p, launch_line, eager_library=opts.eager_library, prologue=staged(True)),
+        *launcher_lines(
+            p,
+            launch_line,
+            eager_library=opts.eager_library,
+            fused_attention=opts.fused_attention,
+            prologue=staged(True),
+        ),
         "",
     ]
-    out += ["", *launcher_lines(p, warm_line, warmup=True, prologue=staged(False)), ""]
+    warm = launcher_lines(
+        p, warm_line, warmup=True, fused_attention=opts.fused_attention, prologue=staged(False)
+    )
+    out += ["", *warm, ""]
     return TritonSource("\n".join(out), p, opts, tuple(printers))

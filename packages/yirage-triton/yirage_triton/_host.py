@@ -186,13 +186,18 @@ def launcher_lines(
     *,
     warmup: bool = False,
     eager_library: bool = False,
+    fused_attention: bool = False,
     prologue: Sequence[str] = (),
 ) -> list[str]:
     """``def launch(inputs)`` for ``plan``; ``launch_line`` prints one generated kernel's launch.
     With ``warmup``: ``def warmup(inputs)``, which allocates the library kernels' outputs
     instead of running them (``launch_line`` then prints compile-only calls). With
     ``eager_library`` a plan of library kernels alone whose inputs share one dtype runs
-    eagerly (see the module doc). ``prologue``: lines run once the inputs are bound."""
+    eagerly (see the module doc). With ``fused_attention`` every attention chain of library
+    kernels runs as one SDPA call (see :mod:`yirage_triton._sdpa`). ``prologue``: lines run
+    once the inputs are bound."""
+    from ._sdpa import attention_chains, sdpa_lines
+
     names = {b.id: f"buf{b.id}" for b in plan.buffers}
     doc = (
         "Compile the generated kernels for ``inputs``; runs nothing."
@@ -209,7 +214,24 @@ def launcher_lines(
     body += prologue
     allocated = {b.id for b in plan.inputs}
     eager = eager_library and is_library_plan(plan)
-    for k in plan.kernels:
+    chains = attention_chains(plan) if fused_attention else []
+    chain_at = {c.kernels[-1]: c for c in chains}
+    in_chain = {i for c in chains for i in c.kernels}
+    for i, k in enumerate(plan.kernels):
+        if i in chain_at:
+            c = chain_at[i]
+            if warmup:
+                b = plan.buffer(c.out)
+                body.append(
+                    f"{names[b.id]} = torch.empty({tuple(b.dims)}, "
+                    f"dtype={TORCH_DTYPE[b.dtype]}, device=dev)"
+                )
+            else:
+                body += sdpa_lines(plan, c, names)
+            allocated.add(c.out)
+            continue
+        if i in in_chain:
+            continue  # a link of an attention chain, computed with its last kernel
         if isinstance(k, LibraryKernel):
             if warmup:
                 for o in k.outputs:

@@ -18,9 +18,10 @@ __all__ = ["VARIANT_FAMILIES", "TritonTarget"]
 #: finer loop chunks under deeper pipelines ("triton_fine", "triton_fine_deep"), ``scaled``
 #: a normalised dot operand multiplied raw and the product scaled ("triton_scaled" /
 #: "triton_split_scaled"), ``aligned`` misaligned input rows staged into padded copies
-#: ("triton_aligned").
+#: ("triton_aligned"), ``sdpa`` attention written as library kernels run as one call of
+#: PyTorch's fused attention ("torch_sdpa"; for targets whose torch build has it).
 VARIANT_FAMILIES = frozenset(
-    {"split", "split_half", "split_quarter", "deep", "fine", "scaled", "aligned"}
+    {"split", "split_half", "split_quarter", "deep", "fine", "scaled", "aligned", "sdpa"}
 )
 
 

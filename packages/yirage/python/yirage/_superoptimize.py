@@ -788,8 +788,8 @@ def choose(
     report.predicted_us = chosen.predicted_us
     if report.chosen_is_library_baseline:
         report.notes.append(
-            "the winner is the unfused library baseline: "
-            "no fused candidate was faster on this device"
+            f"the winner runs library kernels only (variant {winner.variant!r}): "
+            "no generated candidate was faster on this device"
         )
     return winner
 
