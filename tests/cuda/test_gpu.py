@@ -421,3 +421,36 @@ def test_transposed_copy_on_the_gpu(gpu: Any, dims: tuple[int, ...], dtype: str)
     x = torch.randn(dims, device="cuda").to(getattr(torch, dtype))
     out = transposed_copy(x)
     assert out.is_contiguous() and torch.equal(out, x.transpose(-1, -2))
+
+
+@pytest.mark.parametrize(
+    "dims,n,weighted",
+    [
+        ((24, 3000), 1, False),
+        ((5, 7, 130), 1, True),
+        ((3, 4, 4096), 2, True),
+        ((2, 20000), 1, True),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_rms_norm_rows_on_the_gpu(
+    gpu: Any, dims: tuple[int, ...], n: int, weighted: bool, dtype: str
+) -> None:
+    """The library RMSNorm's Triton kernel (one pass, two passes past 8192 columns, several
+    normalised dims, a weight) against float64, rounded once to each output dtype."""
+    import torch
+
+    from yirage_triton import rms_norm_rows
+
+    td = getattr(torch, dtype)
+    x = (torch.randn(dims, device="cuda") * 50).to(td)
+    w = torch.randn(dims[-n:], device="cuda").to(td) if weighted else None
+    xd = x.double()
+    want = xd / torch.sqrt((xd * xd).mean(dim=tuple(range(-n, 0)), keepdim=True) + 1e-6)
+    if w is not None:
+        want = want * w.double()
+    for out_dtype in (torch.float32, td):
+        out = rms_norm_rows(x, n, w, 1e-6, out_dtype)
+        assert out.dtype == out_dtype and out.shape == x.shape
+        err = (out.double() - want).abs().max() / want.abs().max()
+        assert err <= (1e-5 if out_dtype == torch.float32 else TOL[dtype])

@@ -40,7 +40,9 @@ from yirage_triton._host import (
     is_library_plan,
     launcher_lines,
     library_lines,
+    narrowed_intermediates,
 )
+from yirage_triton._rownorm import rms_norm_rows
 from yirage_triton._runtime import (
     GraphTimer,
     InputError,
@@ -113,10 +115,12 @@ __all__ = [
     "load_triton_module",
     "loop_subtile",
     "matmul_fp32",
+    "narrowed_intermediates",
     "padded_dims",
     "pin_triton_defaults",
     "profile",
     "require_triton",
+    "rms_norm_rows",
     "subtile_kernel",
     "time_callable",
     "transposed_copy",

@@ -28,7 +28,14 @@ from collections.abc import Callable, Sequence
 
 from yirage.plan import CodegenError, GeneratedKernel, LibraryKernel, Plan
 
-__all__ = ["TORCH_DTYPE", "fmt_float", "is_library_plan", "launcher_lines", "library_lines"]
+__all__ = [
+    "TORCH_DTYPE",
+    "fmt_float",
+    "is_library_plan",
+    "launcher_lines",
+    "library_lines",
+    "narrowed_intermediates",
+]
 
 TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
 
@@ -70,6 +77,7 @@ def library_lines(
     """Python lines computing library kernel ``k`` into its output buffer's name; ``eager``:
     as PyTorch eager would, in the operands' dtype (see the module doc)."""
     out_buf = plan.buffer(k.outputs[0])
+    store = out_buf.dtype if eager else narrowed_intermediates(plan).get(out_buf.id, out_buf.dtype)
     ins = [names[b] for b in k.inputs]
     p = k.params
     lines = [f"# library {k.op} {list(k.inputs)} -> {list(k.outputs)}"]
@@ -107,6 +115,13 @@ def library_lines(
             expr = f"{op[p['op']]}({f[0]}, {f[1]})"
         elif k.op == "reduction":
             expr = f"torch.sum({f[0]}, dim={int(p['dim'])}, keepdim=True)"
+        elif k.op == "rms_norm" and not eager:
+            # one Triton kernel on GPUs, in the stored dtype (see _rownorm)
+            n = int(p.get("num_normalized_dims", 1))
+            w = ins[1] if p.get("has_weight") else "None"
+            eps = fmt_float(float(p.get("eps", 1e-6)))
+            lines.append("from yirage_triton import rms_norm_rows as _yr_rms_norm_rows")
+            expr = f"_yr_rms_norm_rows({ins[0]}, {n}, {w}, {eps}, {TORCH_DTYPE[store]})"
         elif k.op == "rms_norm":
             n = int(p.get("num_normalized_dims", 1))
             w = f[1] if p.get("has_weight") else "None"
@@ -142,10 +157,47 @@ def library_lines(
         lines.append(f"{name} = {expr}")
     else:
         lines.append(
-            f"{name} = ({expr}).to({TORCH_DTYPE[out_buf.dtype]})"
+            f"{name} = ({expr}).to({TORCH_DTYPE[store]})"
             f".reshape({tuple(out_buf.dims)}).contiguous()"
         )
     return lines
+
+
+def narrowed_intermediates(plan: Plan) -> dict[int, str]:
+    """Float32 intermediates stored in a 16-bit dtype instead, by buffer id: those a library
+    kernel writes and only library matmuls read, each multiplying in that dtype (its other
+    operand is a graph buffer of it). Such a matmul rounds the float32 values to the 16-bit
+    dtype first (see the module doc), so storing them rounded gives the same product without
+    the float32 buffer and the conversion kernel."""
+    writer = {o: k for k in plan.kernels if isinstance(k, LibraryKernel) for o in k.outputs}
+    readers: dict[int, list[LibraryKernel | None]] = {}
+    for k in plan.kernels:
+        if isinstance(k, LibraryKernel):
+            for b in set(k.inputs):
+                readers.setdefault(b, []).append(k)
+        else:
+            for a in k.inputs:
+                readers.setdefault(a.buffer, []).append(None)
+                if a.shift_load is not None:
+                    readers.setdefault(a.shift_load.access.buffer, []).append(None)
+    out: dict[int, str] = {}
+    for buf in plan.intermediates:
+        if buf.dtype != "float32" or buf.id not in writer or buf.id not in readers:
+            continue
+        if writer[buf.id].op not in _ALLOCATING_OPS:
+            continue  # a view of another buffer keeps that buffer's dtype
+        low = set()
+        for reader in readers[buf.id]:
+            if reader is None or reader.op != "matmul" or len(set(reader.inputs)) != 2:
+                break
+            (other,) = (plan.buffer(x) for x in reader.inputs if x != buf.id)
+            if other.role == "intermediate" or other.dtype not in ("float16", "bfloat16"):
+                break
+            low.add(other.dtype)
+        else:
+            if len(low) == 1:
+                out[buf.id] = low.pop()
+    return out
 
 
 #: Library ops whose torch lowering returns a new tensor (never a view of an operand).
