@@ -207,3 +207,36 @@ def test_the_core_baseline_of_an_attention_graph_gets_the_variant() -> None:
     (out,) = variants["torch_sdpa"](*[torch.from_numpy(x).float() for x in xs])
     (want,) = g.evaluate(xs)
     assert np.abs(out.double().numpy() - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("rows", [4, 64])
+def test_a_transpose_of_k_in_the_graph_is_read_as_k(rows: int) -> None:
+    """Attention written with K in its own layout and ``transpose`` in the graph: the chain
+    takes in the transpose and SDPA reads K with no copy, at any row count."""
+    import torch
+
+    import yirage as yr
+    from yirage_triton import launcher_lines
+    from yirage_triton._sdpa import MIN_QUERY_ROWS, attention_chains
+
+    heads, d, kv = 2, 32, 80
+    g = yr.new_kernel_graph()
+    q = g.new_input((heads, rows, d), yr.float16)
+    k = g.new_input((heads, kv, d), yr.float16)
+    v = g.new_input((heads, kv, d), yr.float16)
+    scores = g.mul_scalar(g.matmul(q, g.transpose(k, -1, -2)), 1 / math.sqrt(d))
+    g.mark_output(g.matmul(g.softmax(scores, -1), v))
+    res = yr.search(g, top_k=1, cache=False, max_kernel_ops=1)
+    plan = parse_plan(next(c for c in res.candidates if c.baseline).kernel_plan())
+    (chain,) = attention_chains(plan, MIN_QUERY_ROWS)
+    assert chain.k == plan.inputs[1].id and len(chain.kernels) == 5
+    src = "\n".join(launcher_lines(plan, lambda kk, names: [], fused_attention=True))
+    assert "transposed_copy" not in src and ".permute(" not in src
+    scope: dict[str, Any] = {"torch": torch}
+    exec(compile(src, "<host>", "exec"), scope)
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal(s) for s in ((heads, rows, d), (heads, kv, d), (heads, kv, d))]
+    tensors = [torch.from_numpy(x).half() for x in xs]
+    (out,) = scope["launch"](tensors)
+    (want,) = g.evaluate([t.double().numpy() for t in tensors])
+    assert np.linalg.norm(out.double().numpy() - want) / np.linalg.norm(want) <= 3e-3

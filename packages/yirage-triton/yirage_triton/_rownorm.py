@@ -6,8 +6,9 @@ another conversion. This kernel reads X in its own dtype, sums the squares in fl
 writes the normalised row once, in the dtype its reader wants (see
 :func:`yirage_triton._host.narrowed_intermediates`). One program per row; rows of up to
 :data:`MAX_ONE_PASS` elements stay in registers, longer ones are read twice (the second time
-from cache). Tensors not on a Triton device (the interpreter's CPU tensors) take torch's
-``rms_norm`` in float32.
+from cache). Tensors on other devices than torch's "cuda" (NVIDIA and AMD GPUs) take torch's
+``rms_norm`` in float32: the interpreter's CPU tensors, and Ascend's, where this kernel has
+not been run.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def rms_norm_rows(x: Any, normalized_dims: int, weight: Any, eps: float, dtype: 
     import torch
 
     shape = tuple(x.shape[-normalized_dims:])
-    if x.device.type == "cpu" or not x.is_contiguous() or x.numel() == 0:
+    if x.device.type != "cuda" or not x.is_contiguous() or x.numel() == 0:
         w = None if weight is None else weight.float().reshape(shape)
         return torch.nn.functional.rms_norm(x.float(), shape, w, eps).to(dtype)
     import triton

@@ -8,11 +8,13 @@ the same value in one pass (flash or memory-efficient attention where the device
 with the scores in float32 and the weights rounded to the 16-bit dtype before their product
 with V, as the library printing rounds them before its second matmul.
 
-The graph holds Kᵀ (``[.., d, kv]``); SDPA's fused kernels need K's rows contiguous, so the
-printing copies K into that layout first (:func:`~yirage_triton.transposed_copy`). That
-copy streams K once more, which doubles a decode step's traffic: the printing is offered
-only where every head has at least :data:`MIN_QUERY_ROWS` query rows, whose products reread
-K from cache many times over. The race decides whether it pays.
+Where the graph holds Kᵀ (``[.., d, kv]``) as a buffer, SDPA's fused kernels need K's rows
+contiguous, so the printing copies K into that layout first
+(:func:`~yirage_triton.transposed_copy`). That copy streams K once more, which doubles a
+decode step's traffic: such chains are printed only where every head has at least
+:data:`MIN_QUERY_ROWS` query rows, whose products reread K from cache many times over.
+Where a library transpose in the chain writes Kᵀ from K, SDPA reads K as it is, at any row
+count. The race decides whether the printing pays.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ MIN_QUERY_ROWS = 64
 class AttentionChain:
     """Library kernels ``kernels`` (plan indices, in order) computing buffer ``out`` =
     softmax(``scale`` · q @ kt, last dim) @ v; their other outputs are read by the chain
-    alone."""
+    alone. Where ``k`` is set, the chain starts with the transpose writing ``kt`` from it."""
 
     kernels: tuple[int, ...]
     q: int
@@ -43,6 +45,8 @@ class AttentionChain:
     v: int
     out: int
     scale: float
+    #: K itself where a library transpose in the chain wrote ``kt`` from it (read as it is)
+    k: int | None = None
 
 
 def _readers(plan: Plan) -> dict[int, list[int]]:
@@ -68,9 +72,10 @@ def _writer(plan: Plan) -> dict[int, int]:
 
 
 def attention_chains(plan: Plan, min_query_rows: int = 1) -> list[AttentionChain]:
-    """Every attention chain of ``plan`` whose heads have at least ``min_query_rows`` query
-    rows: the second matmul's output back to the first, all four tensors of one rank with
-    equal leading (head) dims, each link an intermediate that only the next link reads."""
+    """Every attention chain of ``plan``: the second matmul's output back to the first (and
+    to a transpose writing Kᵀ), all four tensors of one rank with equal leading (head) dims,
+    each link an intermediate that only the next link reads. Chains that copy K (no
+    transpose in them) only where the heads have at least ``min_query_rows`` query rows."""
     readers, writer = _readers(plan), _writer(plan)
 
     def lib(i: int | None) -> LibraryKernel | None:
@@ -114,9 +119,22 @@ def attention_chains(plan: Plan, min_query_rows: int = 1) -> list[AttentionChain
         if len({len(d) for d in dims}) != 1 or len({d[:-2] for d in dims}) != 1:
             continue
         (*_, m, d), (*_, d2, n), (*_, n2, _dv) = dims[:3]
-        if d != d2 or n != n2 or m < min_query_rows or not math.isfinite(scale):
+        if d != d2 or n != n2 or not math.isfinite(scale):
             continue
-        chains.append(AttentionChain(tuple(links), q, kt, v, pv.outputs[0], scale))
+        # Kᵀ written by a library transpose of K: SDPA reads K itself, with no copy
+        t = writer.get(kt)
+        tr = lib(t)
+        rank = len(dims[1])
+        swap = [*range(rank - 2), rank - 1, rank - 2]
+        if tr is not None and t is not None and tr.op == "permute" and private(kt, h):
+            if [int(x) for x in tr.params.get("perm", ())] == swap:
+                links.insert(0, t)
+                chains.append(
+                    AttentionChain(tuple(links), q, kt, v, pv.outputs[0], scale, k=tr.inputs[0])
+                )
+                continue
+        if m >= min_query_rows:  # K is copied (see the module doc)
+            chains.append(AttentionChain(tuple(links), q, kt, v, pv.outputs[0], scale))
     return chains
 
 
@@ -125,19 +143,29 @@ def sdpa_lines(plan: Plan, chain: AttentionChain, names: dict[int, str]) -> list
     batch of a 4-D call (SDPA runs 3-D inputs through its unfused fallback), in the 16-bit
     dtype of the operands where one is 16-bit (as the library matmuls multiply), K copied
     into rows of d."""
-    bufs = [plan.buffer(b) for b in (chain.q, chain.kt, chain.v)]
-    low = [d for d in ("float16", "bfloat16") if d in {b.dtype for b in bufs}]
+    k_buf = chain.kt if chain.k is None else chain.k
+    bufs = [plan.buffer(b) for b in (chain.q, k_buf, chain.v)]
+    # the matmul multiplied in the 16-bit dtype of its graph operands (not of Kᵀ's
+    # float32 copy where a transpose wrote it)
+    operands = bufs if chain.k is None else [*bufs, plan.buffer(chain.kt)]
+    low = [d for d in ("float16", "bfloat16") if d in {b.dtype for b in operands}]
     cd = TORCH_DTYPE[low[0]] if low else "torch.float32"
     q, _, v = bufs
     heads = math.prod(q.dims[:-2])
     (m, d), (n, dv) = q.dims[-2:], v.dims[-2:]
     out = plan.buffer(chain.out)
     qn, kn, vn = (names[b.id] for b in bufs)
+    if chain.k is None:
+        k_lines = [
+            "from yirage_triton import transposed_copy as _yr_transposed_copy",
+            f"_yr_k = _yr_transposed_copy({kn}.to({cd}).reshape(1, {heads}, {d}, {n}))",
+        ]
+    else:
+        k_lines = [f"_yr_k = {kn}.to({cd}).reshape(1, {heads}, {n}, {d})"]
     return [
         f"# library attention {list(chain.kernels)} -> [{chain.out}] as one fused call",
-        "from yirage_triton import transposed_copy as _yr_transposed_copy",
         f"_yr_q = {qn}.to({cd}).reshape(1, {heads}, {m}, {d})",
-        f"_yr_k = _yr_transposed_copy({kn}.to({cd}).reshape(1, {heads}, {d}, {n}))",
+        *k_lines,
         f"_yr_v = {vn}.to({cd}).reshape(1, {heads}, {n}, {dv})",
         f"{names[out.id]} = torch.nn.functional.scaled_dot_product_attention("
         f"_yr_q, _yr_k, _yr_v, scale={fmt_float(chain.scale)})"

@@ -4,8 +4,8 @@ plans: the fused-attention printing turns the graph's Kᵀ into K's rows with it
 torch's own copy of a transposed view (``x.transpose(-1, -2).contiguous()``) moved a
 ``[32, 128, 4096]`` float16 Kᵀ in 96.9 µs on an H200; a tiled Triton kernel (each program
 loads a 64 x 64 tile and stores it transposed) took 19.5 µs
-(``benchmarks/probes/sdpa_layout_probe.py``). On the CPU (the interpreter's tensors) torch
-copies.
+(``benchmarks/probes/sdpa_layout_probe.py``). On devices other than torch's "cuda" (NVIDIA
+and AMD GPUs) torch copies.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def transposed_copy(x: Any) -> Any:
     batch = x.numel() // max(1, rows * cols)
     # grid dims 1 and 2 stop at 65535 programs
     fits = batch <= 65535 and -(-cols // TILE) <= 65535
-    if x.device.type == "cpu" or not x.is_contiguous() or x.dim() < 2 or not fits:
+    if x.device.type != "cuda" or not x.is_contiguous() or x.dim() < 2 or not fits:
         return x.transpose(-1, -2).contiguous()
     import torch
     import triton
