@@ -10,7 +10,10 @@ Library ops compute in fp32 and cast to the destination buffer's dtype (operands
 have the destination dtype go to torch as they are: its 16-bit kernels compute in fp32 and
 round once, so the result is the same without the fp32 copies), except matmul, which
 multiplies in the 16-bit dtype of its operands when one is 16-bit (tensor cores, fp32
-accumulation inside cuBLAS) and in fp32 otherwise.
+accumulation inside cuBLAS) and in fp32 otherwise. Two refinements: a library RMSNorm is
+one Triton kernel on GPUs (:func:`~yirage_triton.rms_norm_rows`), and a float32
+intermediate that only 16-bit matmuls read is stored in their dtype
+(:func:`narrowed_intermediates`).
 
 A plan of library kernels alone (the search's baseline: the graph as it was written) is also
 printed *eagerly* (``eager_library``): every op on its operands in the graph's dtype,
@@ -248,7 +251,7 @@ def launcher_lines(
     eagerly (see the module doc). With ``fused_attention`` every attention chain of library
     kernels runs as one SDPA call (see :mod:`yirage_triton._sdpa`). ``prologue``: lines run
     once the inputs are bound."""
-    from ._sdpa import attention_chains, sdpa_lines
+    from ._sdpa import MIN_QUERY_ROWS, attention_chains, sdpa_lines
 
     names = {b.id: f"buf{b.id}" for b in plan.buffers}
     doc = (
@@ -266,7 +269,7 @@ def launcher_lines(
     body += prologue
     allocated = {b.id for b in plan.inputs}
     eager = eager_library and is_library_plan(plan)
-    chains = attention_chains(plan) if fused_attention else []
+    chains = attention_chains(plan, MIN_QUERY_ROWS) if fused_attention else []
     chain_at = {c.kernels[-1]: c for c in chains}
     in_chain = {i for c in chains for i in c.kernels}
     for i, k in enumerate(plan.kernels):
