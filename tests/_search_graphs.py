@@ -81,6 +81,23 @@ def attention(b: int = 2, m: int = 256, d: int = 64, n: int = 4096) -> yr.Kernel
     return g
 
 
+def scaled_attention(
+    heads: int, rows: int, d: int, kv: int, dtype: Any = yr.float32, *, transpose_k: bool = False
+) -> yr.KernelGraph:
+    """softmax(Q Kᵀ / √d) V over ``kv`` keys: Kᵀ given as [heads, d, kv], or with
+    ``transpose_k`` K given as [heads, kv, d] and transposed in the graph."""
+    g = yr.KernelGraph()
+    q = g.new_input((heads, rows, d), dtype)
+    if transpose_k:
+        kt = g.transpose(g.new_input((heads, kv, d), dtype), -1, -2)
+    else:
+        kt = g.new_input((heads, d, kv), dtype)
+    v = g.new_input((heads, kv, d), dtype)
+    scores = g.mul_scalar(g.matmul(q, kt), 1.0 / np.sqrt(d))
+    g.mark_output(g.matmul(g.softmax(scores, -1), v))
+    return g
+
+
 def check_numerics(target: yr.KernelGraph, cand: yr.KernelGraph, seed: int = 3) -> None:
     """The candidate agrees with the target in float64 and by fingerprints."""
     rng = np.random.default_rng(seed)

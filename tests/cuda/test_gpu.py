@@ -383,19 +383,13 @@ def test_uneven_splits_on_the_gpu(gpu: Any, case: plans.Case, split: int) -> Non
 def test_attention_baseline_as_fused_attention_on_the_gpu(gpu: Any, dtype: str) -> None:
     """The ``torch_sdpa`` printing of the search's attention baseline (a kv no tile divides)
     matches the float64 reference and profiles with graph replay."""
-    import math
-
     import torch
+    from _search_graphs import scaled_attention
 
     import yirage as yr
 
     heads, rows, d, kv = 4, 192, 128, 1031
-    dt = getattr(yr, dtype)
-    g = yr.new_kernel_graph()
-    q = g.new_input((heads, rows, d), dt)
-    kt = g.new_input((heads, d, kv), dt)
-    v = g.new_input((heads, kv, d), dt)
-    g.mark_output(g.matmul(g.softmax(g.mul_scalar(g.matmul(q, kt), 1 / math.sqrt(d)), -1), v))
+    g = scaled_attention(heads, rows, d, kv, getattr(yr, dtype))
     res = yr.search(g, top_k=1, cache=False, max_kernel_ops=1)
     base = next(c for c in res.candidates if c.baseline)
     variants = gpu.variants(gpu.load(gpu.compile(gpu.codegen(base.kernel_plan()))))

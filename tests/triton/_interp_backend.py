@@ -19,6 +19,23 @@ needs_triton = pytest.mark.skipif(
 )
 
 
+def host_launch(plan: Any, **options: Any) -> tuple[Callable[..., Any], str]:
+    """``launch`` of ``plan``'s printed host code (``launcher_lines`` with ``options``; a
+    generated kernel prints as a comment naming it, so only plans whose kernels are all
+    library ones compute anything) and its source."""
+    import torch
+
+    from yirage.plan import Plan, parse_plan
+    from yirage_triton import launcher_lines
+
+    parsed = plan if isinstance(plan, Plan) else parse_plan(plan)
+    lines = launcher_lines(parsed, lambda k, names: [f"pass  # kernel {k.name}"], **options)
+    src = "\n".join(lines)
+    scope: dict[str, Any] = {"torch": torch}
+    exec(compile(src, "<host>", "exec"), scope)
+    return scope["launch"], src
+
+
 def private_cache(name: str) -> Callable[..., Any]:
     """An autouse module fixture pointing ``YIRAGE_CACHE_DIR`` at a fresh folder ``name``, so
     a module's tests write into their own cache, not the user's (assign it to a module

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _interp_backend import needs_triton
+from _interp_backend import host_launch, needs_triton
 
 from yirage.plan import parse_plan
 
@@ -19,21 +19,6 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "cuda"))
 import plans
 
 pytestmark = needs_triton
-
-
-def _launch(raw: dict[str, Any], *, eager: bool) -> Any:
-    """The printed host function of ``raw`` (generated kernels print nothing here)."""
-    import torch
-
-    from yirage_triton import launcher_lines
-
-    lines = launcher_lines(
-        parse_plan(raw), lambda k, names: [f"pass  # kernel {k.name}"], eager_library=eager
-    )
-    src = "\n".join(lines)
-    scope: dict[str, Any] = {"torch": torch}
-    exec(compile(src, "<host>", "exec"), scope)
-    return scope["launch"], src
 
 
 def _rmsnorm_linear_plan(b: int, h: int, n: int, dtype: str) -> dict[str, Any]:
@@ -52,7 +37,7 @@ def _rmsnorm_linear_plan(b: int, h: int, n: int, dtype: str) -> dict[str, Any]:
 def test_the_eager_printing_is_bit_identical_to_eager(dtype: str) -> None:
     import torch
 
-    launch, src = _launch(_rmsnorm_linear_plan(8, 96, 40, dtype), eager=True)
+    launch, src = host_launch(_rmsnorm_linear_plan(8, 96, 40, dtype), eager_library=True)
     assert "float32" not in src  # no float32 copies of the 16-bit tensors
     g = torch.Generator().manual_seed(0)
     td = getattr(torch, dtype)
@@ -79,8 +64,8 @@ def test_the_float32_printing_keeps_a_finite_value_that_eager_loses() -> None:
         torch.full((1, 4), 300.0, dtype=torch.float16),
         torch.zeros(1, 4, dtype=torch.float16),
     ]
-    (fp32,) = _launch(pb.plan, eager=False)[0](inputs)
-    (eager,) = _launch(pb.plan, eager=True)[0](inputs)
+    (fp32,) = host_launch(pb.plan, eager_library=False)[0](inputs)
+    (eager,) = host_launch(pb.plan, eager_library=True)[0](inputs)
     assert torch.isnan(eager).all()
     assert torch.equal(fp32, torch.zeros(1, 4, dtype=torch.float16))
 
@@ -103,5 +88,5 @@ def test_only_a_library_plan_gets_the_eager_variant() -> None:
     be = Thin(interpret=True)
     assert set(be.printings(lib, TritonOptions())) == {"triton_eager"}
     assert "triton_eager" not in be.printings(mixed, TritonOptions())
-    _, src = _launch(plans.mixed_library(8, 64, 64, dtype="float16").plan, eager=True)
+    _, src = host_launch(plans.mixed_library(8, 64, 64, dtype="float16").plan, eager_library=True)
     assert "_yr_matmul_fp32" in src  # mixed plans keep float32 intermediates

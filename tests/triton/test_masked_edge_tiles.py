@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _interp_backend import interp_backend, needs_triton, private_cache
-from _search_graphs import H100
+from _search_graphs import H100, scaled_attention
 
 import yirage as yr
 from yirage.plan import GeneratedKernel, parse_plan
@@ -206,17 +206,6 @@ def _walk_tile(candidate: Any, m: Any) -> int:
     )
 
 
-def attention(heads: int, rows: int, d: int, kv: int) -> yr.KernelGraph:
-    """softmax(Q Kᵀ / √d) V over ``kv`` keys, Kᵀ given as [heads, d, kv]."""
-    g = yr.new_kernel_graph()
-    q = g.new_input((heads, rows, d), yr.float32)
-    kt = g.new_input((heads, d, kv), yr.float32)
-    v = g.new_input((heads, kv, d), yr.float32)
-    scores = g.mul_scalar(g.matmul(q, kt), 1.0 / np.sqrt(d))
-    g.mark_output(g.matmul(g.softmax(scores, -1), v))
-    return g
-
-
 def _softmax_ref(q: np.ndarray, kt: np.ndarray, v: np.ndarray) -> np.ndarray:
     s = q @ kt / np.sqrt(q.shape[-1])
     p = np.exp(s - s.max(axis=-1, keepdims=True))
@@ -237,7 +226,7 @@ def test_attention_over_a_prime_kv_masks_the_exp_in_the_interpreter(
     underflow every exp (0 / 0); the printed kernel matches float64 numpy instead. With 47
     query rows the rows are masked edge tiles too: the printer folds the heads into the rows
     and compares each row with its own head's end."""
-    r = yr.search(attention(*dims), device_spec=H100, top_k=12, cache=False)
+    r = yr.search(scaled_attention(*dims), device_spec=H100, top_k=12, cache=False)
     chosen = [c for c in r.candidates if _loop_masked(c)]
     assert chosen, [c.label for c in r.candidates]
     rng = np.random.default_rng(5)
@@ -278,7 +267,7 @@ def test_misaligned_input_rows_are_staged_into_padded_copies() -> None:
     from yirage_triton._align import misaligned_inputs
 
     dims = (4, 64, 32, 1031)
-    r = yr.search(attention(*dims), device_spec=H100, top_k=12, cache=False)
+    r = yr.search(scaled_attention(*dims), device_spec=H100, top_k=12, cache=False)
     staged = {c.label: misaligned_inputs(parse_plan(c.kernel_plan())) for c in r.candidates}
     assert any(not v for k, v in staged.items() if k.startswith("matmul ;")), staged
     cand = next(c for c in r.candidates if staged[c.label] and _loop_masked(c))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _interp_backend import needs_triton
+from _interp_backend import host_launch, needs_triton
 
 from yirage.plan import parse_plan
 
@@ -63,18 +63,13 @@ def test_an_intermediate_only_16bit_matmuls_read_is_stored_in_their_dtype() -> N
 def test_the_narrowed_printing_gives_the_float32_printings_values(dtype: str) -> None:
     import torch
 
-    from yirage_triton import launcher_lines
-
-    plan, _ = _norm_then_matmul(dtype)
-    src = "\n".join(launcher_lines(plan, lambda k, names: []))
+    launch, src = host_launch(_norm_then_matmul(dtype)[0])
     assert f"_yr_rms_norm_rows(buf0, 1, None, 1e-06, torch.{dtype})" in src
-    scope: dict[str, Any] = {"torch": torch}
-    exec(compile(src, "<host>", "exec"), scope)
     g = torch.Generator().manual_seed(0)
     td = getattr(torch, dtype)
     x = (torch.randn(8, 96, generator=g) * 30).to(td)
     w = (torch.randn(96, 40, generator=g) / 10).to(td)
-    (out,) = scope["launch"]([x, w])
+    (out,) = launch([x, w])
     # the float32 printing: norm in float32, rounded to the dtype by the matmul
     want = torch.matmul(torch.nn.functional.rms_norm(x.float(), (96,), None, 1e-6).to(td), w)
     assert out.dtype == td and torch.equal(out, want)

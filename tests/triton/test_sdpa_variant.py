@@ -5,14 +5,14 @@ on the CPU (SDPA's CPU kernels); on a GPU the same text calls flash attention.""
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _interp_backend import needs_triton
+from _interp_backend import host_launch, needs_triton
+from _search_graphs import scaled_attention
 
 from yirage.plan import parse_plan
 
@@ -64,18 +64,12 @@ def _attention_plan(
     return pb.plan
 
 
-def _launch(raw: dict[str, Any], *, fused: bool) -> tuple[Any, str]:
-    import torch
+def _baseline_plan(g: Any) -> Any:
+    """The kernel plan of the search's library baseline of ``g``."""
+    import yirage as yr
 
-    from yirage_triton import launcher_lines
-
-    lines = launcher_lines(
-        parse_plan(raw), lambda k, names: [f"pass  # kernel {k.name}"], fused_attention=fused
-    )
-    src = "\n".join(lines)
-    scope: dict[str, Any] = {"torch": torch}
-    exec(compile(src, "<host>", "exec"), scope)
-    return scope["launch"], src
+    res = yr.search(g, top_k=1, cache=False, max_kernel_ops=1)
+    return next(c for c in res.candidates if c.baseline).kernel_plan()
 
 
 def _reference(q: np.ndarray, kt: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
@@ -92,7 +86,9 @@ def test_the_chain_runs_as_one_call_and_matches_float64(
     import torch
 
     heads, rows, d, kv = 3, 70, 32, 83  # kv no tile divides
-    launch, src = _launch(_attention_plan(heads, rows, d, kv, dtype, scale=scale), fused=True)
+    launch, src = host_launch(
+        _attention_plan(heads, rows, d, kv, dtype, scale=scale), fused_attention=True
+    )
     assert src.count("scaled_dot_product_attention") == 1
     assert "torch.softmax" not in src and "torch.matmul" not in src
     rng = np.random.default_rng(0)
@@ -109,7 +105,7 @@ def test_the_chain_runs_as_one_call_and_matches_float64(
 
 
 def test_without_the_option_the_library_kernels_run() -> None:
-    _, src = _launch(_attention_plan(2, 64, 16, 64, "float16"), fused=False)
+    _, src = host_launch(_attention_plan(2, 64, 16, 64, "float16"), fused_attention=False)
     assert "scaled_dot_product_attention" not in src and "torch.softmax" in src
 
 
@@ -154,7 +150,7 @@ def test_a_generated_kernel_before_the_chain_still_runs() -> None:
     )
     pb.library("softmax", [s2], p, dim=2)
     pb.library("matmul", [p, v], o)
-    _, src = _launch(pb.plan, fused=True)
+    _, src = host_launch(pb.plan, fused_attention=True)
     assert src.index("# kernel prep") < src.index("scaled_dot_product_attention")
     assert f"buf{q}.to(torch.float16)" in src  # the float32 Q multiplied in float16
 
@@ -187,20 +183,12 @@ def test_the_core_baseline_of_an_attention_graph_gets_the_variant() -> None:
     gives the float64 reference's values."""
     import torch
 
-    import yirage as yr
     from yirage_cuda import CudaBackend
 
     heads, rows, d, kv = 2, 64, 32, 96
-    g = yr.new_kernel_graph()
-    q = g.new_input((heads, rows, d), yr.float32)
-    kt = g.new_input((heads, d, kv), yr.float32)
-    v = g.new_input((heads, kv, d), yr.float32)
-    scores = g.mul_scalar(g.matmul(q, kt), 1 / math.sqrt(d))
-    g.mark_output(g.matmul(g.softmax(scores, -1), v))
-    res = yr.search(g, top_k=1, cache=False, max_kernel_ops=1)
-    base = next(c for c in res.candidates if c.baseline)
+    g = scaled_attention(heads, rows, d, kv)
     be = CudaBackend(interpret=True)
-    variants = be.variants(be.load(be.compile(be.codegen(base.kernel_plan()))))
+    variants = be.variants(be.load(be.compile(be.codegen(_baseline_plan(g)))))
     assert "torch_sdpa" in variants
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal(s) for s in ((heads, rows, d), (heads, d, kv), (heads, kv, d))]
@@ -216,27 +204,18 @@ def test_a_transpose_of_k_in_the_graph_is_read_as_k(rows: int) -> None:
     import torch
 
     import yirage as yr
-    from yirage_triton import launcher_lines
-    from yirage_triton._sdpa import MIN_QUERY_ROWS, attention_chains
+    from yirage_triton._sdpa import attention_chains
 
     heads, d, kv = 2, 32, 80
-    g = yr.new_kernel_graph()
-    q = g.new_input((heads, rows, d), yr.float16)
-    k = g.new_input((heads, kv, d), yr.float16)
-    v = g.new_input((heads, kv, d), yr.float16)
-    scores = g.mul_scalar(g.matmul(q, g.transpose(k, -1, -2)), 1 / math.sqrt(d))
-    g.mark_output(g.matmul(g.softmax(scores, -1), v))
-    res = yr.search(g, top_k=1, cache=False, max_kernel_ops=1)
-    plan = parse_plan(next(c for c in res.candidates if c.baseline).kernel_plan())
-    (chain,) = attention_chains(plan, MIN_QUERY_ROWS)
+    g = scaled_attention(heads, rows, d, kv, yr.float16, transpose_k=True)
+    plan = parse_plan(_baseline_plan(g))
+    (chain,) = attention_chains(plan)
     assert chain.k == plan.inputs[1].id and len(chain.kernels) == 5
-    src = "\n".join(launcher_lines(plan, lambda kk, names: [], fused_attention=True))
+    launch, src = host_launch(plan, fused_attention=True)
     assert "transposed_copy" not in src and ".permute(" not in src
-    scope: dict[str, Any] = {"torch": torch}
-    exec(compile(src, "<host>", "exec"), scope)
     rng = np.random.default_rng(2)
     xs = [rng.standard_normal(s) for s in ((heads, rows, d), (heads, kv, d), (heads, kv, d))]
     tensors = [torch.from_numpy(x).half() for x in xs]
-    (out,) = scope["launch"](tensors)
+    (out,) = launch(tensors)
     (want,) = g.evaluate([t.double().numpy() for t in tensors])
     assert np.linalg.norm(out.double().numpy() - want) / np.linalg.norm(want) <= 3e-3

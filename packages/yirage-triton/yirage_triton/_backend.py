@@ -53,7 +53,7 @@ from yirage_triton._runtime import (
     profile,
     warm_median_us,
 )
-from yirage_triton._sdpa import MIN_QUERY_ROWS, attention_chains
+from yirage_triton._sdpa import attention_chains
 from yirage_triton._subtile import loop_subtile
 from yirage_triton._target import TritonTarget
 
@@ -390,7 +390,7 @@ class TritonBackend(Backend):
             out["triton_aligned"] = dataclasses.replace(topts, align_rows=True)
         # attention chains of library kernels as one fused call (see _sdpa); no Triton
         # kernel of its own, so the interpreter runs it too
-        if t.tries("sdpa") and attention_chains(plan, MIN_QUERY_ROWS):
+        if t.tries("sdpa") and attention_chains(plan):
             out["torch_sdpa"] = dataclasses.replace(topts, fused_attention=True)
         # the baseline as PyTorch eager runs it (16-bit intermediates; see _host)
         if is_library_plan(plan):

@@ -166,37 +166,52 @@ def library_lines(
     return lines
 
 
+def buffer_readers(plan: Plan) -> dict[int, list[int]]:
+    """Buffer id -> indices of the kernels that read it (a generated kernel's tile loads and
+    the running maxima of its shifted loads)."""
+    out: dict[int, list[int]] = {}
+    for i, k in enumerate(plan.kernels):
+        if isinstance(k, LibraryKernel):
+            reads = set(k.inputs)
+        else:
+            reads = {a.buffer for a in k.inputs}
+            reads |= {a.shift_load.access.buffer for a in k.inputs if a.shift_load is not None}
+        for b in reads:
+            out.setdefault(b, []).append(i)
+    return out
+
+
+def library_writers(plan: Plan) -> dict[int, int]:
+    """Buffer id -> index of the library kernel that writes it."""
+    return {
+        o: i for i, k in enumerate(plan.kernels) if isinstance(k, LibraryKernel) for o in k.outputs
+    }
+
+
 def narrowed_intermediates(plan: Plan) -> dict[int, str]:
     """Float32 intermediates stored in a 16-bit dtype instead, by buffer id: those a library
     kernel writes and only library matmuls read, each multiplying in that dtype (its other
     operand is a graph buffer of it). Such a matmul rounds the float32 values to the 16-bit
     dtype first (see the module doc), so storing them rounded gives the same product without
     the float32 buffer and the conversion kernel."""
-    writer = {o: k for k in plan.kernels if isinstance(k, LibraryKernel) for o in k.outputs}
-    readers: dict[int, list[LibraryKernel | None]] = {}
-    for k in plan.kernels:
-        if isinstance(k, LibraryKernel):
-            for b in set(k.inputs):
-                readers.setdefault(b, []).append(k)
-        else:
-            for a in k.inputs:
-                readers.setdefault(a.buffer, []).append(None)
-                if a.shift_load is not None:
-                    readers.setdefault(a.shift_load.access.buffer, []).append(None)
+    writers, readers = library_writers(plan), buffer_readers(plan)
     out: dict[int, str] = {}
     for buf in plan.intermediates:
-        if buf.dtype != "float32" or buf.id not in writer or buf.id not in readers:
+        if buf.dtype != "float32" or buf.id not in writers or buf.id not in readers:
             continue
-        if writer[buf.id].op not in _ALLOCATING_OPS:
+        if plan.kernels[writers[buf.id]].op not in _ALLOCATING_OPS:
             continue  # a view of another buffer keeps that buffer's dtype
         low = set()
-        for reader in readers[buf.id]:
-            if reader is None or reader.op != "matmul" or len(set(reader.inputs)) != 2:
+        for i in readers[buf.id]:
+            reader = plan.kernels[i]
+            if not isinstance(reader, LibraryKernel) or reader.op != "matmul":
                 break
-            (other,) = (plan.buffer(x) for x in reader.inputs if x != buf.id)
-            if other.role == "intermediate" or other.dtype not in ("float16", "bfloat16"):
+            others = [plan.buffer(x) for x in reader.inputs if x != buf.id]
+            if len(others) != 1 or others[0].role == "intermediate":
                 break
-            low.add(other.dtype)
+            if others[0].dtype not in ("float16", "bfloat16"):
+                break
+            low.add(others[0].dtype)
         else:
             if len(low) == 1:
                 out[buf.id] = low.pop()
@@ -251,7 +266,7 @@ def launcher_lines(
     eagerly (see the module doc). With ``fused_attention`` every attention chain of library
     kernels runs as one SDPA call (see :mod:`yirage_triton._sdpa`). ``prologue``: lines run
     once the inputs are bound."""
-    from ._sdpa import MIN_QUERY_ROWS, attention_chains, sdpa_lines
+    from ._sdpa import attention_chains, sdpa_lines
 
     names = {b.id: f"buf{b.id}" for b in plan.buffers}
     doc = (
@@ -269,7 +284,7 @@ def launcher_lines(
     body += prologue
     allocated = {b.id for b in plan.inputs}
     eager = eager_library and is_library_plan(plan)
-    chains = attention_chains(plan, MIN_QUERY_ROWS) if fused_attention else []
+    chains = attention_chains(plan) if fused_attention else []
     chain_at = {c.kernels[-1]: c for c in chains}
     in_chain = {i for c in chains for i in c.kernels}
     for i, k in enumerate(plan.kernels):

@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from yirage.plan import GeneratedKernel, LibraryKernel, Plan
+from yirage.plan import LibraryKernel, Plan
 
-from ._host import TORCH_DTYPE, fmt_float
+from ._host import TORCH_DTYPE, buffer_readers, fmt_float, library_writers
 
 __all__ = ["MIN_QUERY_ROWS", "AttentionChain", "attention_chains", "sdpa_lines"]
 
@@ -49,34 +49,12 @@ class AttentionChain:
     k: int | None = None
 
 
-def _readers(plan: Plan) -> dict[int, list[int]]:
-    """Buffer id -> indices of the kernels that read it."""
-    out: dict[int, list[int]] = {}
-    for i, k in enumerate(plan.kernels):
-        if isinstance(k, LibraryKernel):
-            reads = set(k.inputs)
-        else:
-            assert isinstance(k, GeneratedKernel)
-            reads = {a.buffer for a in k.inputs}
-            reads |= {a.shift_load.access.buffer for a in k.inputs if a.shift_load is not None}
-        for b in reads:
-            out.setdefault(b, []).append(i)
-    return out
-
-
-def _writer(plan: Plan) -> dict[int, int]:
-    """Buffer id -> index of the library kernel that writes it."""
-    return {
-        o: i for i, k in enumerate(plan.kernels) if isinstance(k, LibraryKernel) for o in k.outputs
-    }
-
-
-def attention_chains(plan: Plan, min_query_rows: int = 1) -> list[AttentionChain]:
+def attention_chains(plan: Plan, min_query_rows: int = MIN_QUERY_ROWS) -> list[AttentionChain]:
     """Every attention chain of ``plan``: the second matmul's output back to the first (and
     to a transpose writing Kᵀ), all four tensors of one rank with equal leading (head) dims,
     each link an intermediate that only the next link reads. Chains that copy K (no
     transpose in them) only where the heads have at least ``min_query_rows`` query rows."""
-    readers, writer = _readers(plan), _writer(plan)
+    readers, writer = buffer_readers(plan), library_writers(plan)
 
     def lib(i: int | None) -> LibraryKernel | None:
         k = plan.kernels[i] if i is not None else None
