@@ -1,8 +1,10 @@
-"""GPU: the Triton runtime's profiler stops after its probe launches when they are all over
-``give_up_us`` (the race's screen), and times in full otherwise (``pytest -m cuda``)."""
+"""GPU: the Triton runtime's profiler stops after its probe launches when they and one
+graph replay are all over ``give_up_us`` (the race's screen), and times in full otherwise,
+also when only the host's time put the launches over it (``pytest -m cuda``)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -17,8 +19,9 @@ class _Spin:
 
     interpret = False
 
-    def __init__(self, cycles: int) -> None:
+    def __init__(self, cycles: int, host_s: float = 0.0) -> None:
         self.cycles = cycles
+        self.host_s = host_s
 
     def check(self, inputs: list[Any]) -> list[Any]:
         return inputs
@@ -26,6 +29,7 @@ class _Spin:
     def run_unchecked(self, inputs: list[Any]) -> None:
         import torch
 
+        time.sleep(self.host_s)  # a busy host: the device idles meanwhile
         torch.cuda._sleep(self.cycles)
 
 
@@ -35,22 +39,26 @@ def test_a_contender_over_the_give_up_time_stops_after_its_probe(gpu: Any) -> No
     x = [torch.zeros(16, device="cuda")]
     slow = _Spin(20_000_000)  # about 10 ms at 2 GHz
     stopped = profile(slow, x, min_time_s=0.002, min_repeats=3, give_up_us=100.0)
-    assert stopped.repeats == 2 and stopped.graph_median_us is None
-    assert "stopped after" in stopped.method and stopped.median_us > 100.0
+    assert stopped.repeats == 2 and "stopped after 2 launches and one cuda graph" in stopped.method
+    assert stopped.median_us == stopped.graph_median_us and stopped.median_us > 100.0
     full = profile(_Spin(200_000), x, min_time_s=0.002, min_repeats=3, give_up_us=1e7)
     assert full.graph_median_us is not None and "stopped" not in full.method
 
 
-def test_a_launcher_of_several_steps_is_never_given_up(gpu: Any) -> None:
-    """Its eager times hold the host's gaps between steps, not device time."""
+@pytest.mark.parametrize("steps", [1, 2])
+def test_launches_slow_only_on_the_host_are_not_given_up(gpu: Any, steps: int) -> None:
+    """Eager launches that take long because the host does (a busy host, or the gaps
+    between a plan's steps) are no reason to stop: the replay shows the device time."""
     import torch
 
     from yirage.plan import parse_plan
 
-    slow = _Spin(20_000_000)
-    slow.plan = parse_plan(_library_plan())  # type: ignore[attr-defined]
+    fast_on_device = _Spin(2_000, host_s=0.005)  # ~1 µs on the device, 5 ms on the host
+    if steps == 2:
+        fast_on_device.plan = parse_plan(_library_plan())  # type: ignore[attr-defined]
     x = [torch.zeros(16, device="cuda")]
-    timed = profile(slow, x, min_time_s=0.002, min_repeats=3, give_up_us=100.0)
+    timed = profile(fast_on_device, x, min_time_s=0.002, min_repeats=3, give_up_us=1000.0)
+    assert timed.launch_median_us > 1000.0  # the eager times alone would have given up
     assert timed.graph_median_us is not None and "stopped" not in timed.method
 
 
