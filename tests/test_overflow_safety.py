@@ -203,6 +203,48 @@ def test_stress_check_rejects_a_candidate_that_overflows_and_keeps_the_rest() ->
     assert any("not enforced" in n for n in rep.notes)
 
 
+def test_a_baseline_printing_that_loses_values_its_sibling_keeps_is_dropped() -> None:
+    """A stress set every printing of the library baseline fails is not enforced, but a
+    printing that gives NaN/Inf where another printing of the baseline and the reference are
+    finite (16-bit intermediates overflowing where float32 ones do not) is still dropped;
+    the most finite printing stays, and a fused candidate is not judged by this rule."""
+    from yirage_cpu._backend import CpuBackend
+
+    g = _softmax_graph(written_out=False)
+    stress = _stress_set(g)
+    assert stress is not None
+    good = [np.asarray(r, dtype=np.float32) for r in stress.reference]
+
+    def losing(rows: int) -> Any:
+        def run(*_: Any) -> list[np.ndarray]:
+            out = good[0].copy()
+            out[:rows] = np.nan  # fails the set on its own
+            return [out]
+
+        return run
+
+    passing = [
+        (0.0, 0, {}, None, losing(1), "default"),
+        (0.0, 0, {}, None, losing(3), "eager"),
+        (0.0, 1, {}, None, losing(5)),
+    ]
+    rep = _report(2)
+    kept = _stress_check(CpuBackend(), g, stress, passing, {0}, rep)
+    assert [(p[1], p[5] if len(p) > 5 else None) for p in kept] == [(0, "default"), (1, None)]
+    why = rep.candidates[0].dropped_variants["eager"]
+    assert "NaN/Inf where the float64 reference and the baseline's default printing" in why
+    assert any("not enforced beyond the baseline's own printings" in n for n in rep.notes)
+    # printings that each keep values the other loses: neither is the worse one
+    crossed = [np.asarray(good[0]).copy() for _ in range(2)]
+    crossed[0][0], crossed[1][1] = np.nan, np.nan
+    passing = [
+        (0.0, 0, {}, None, lambda *_: [crossed[0]], "default"),
+        (0.0, 0, {}, None, lambda *_: [crossed[1]], "eager"),
+    ]
+    kept = _stress_check(CpuBackend(), g, stress, passing, {0}, _report(1))
+    assert len(kept) == 2
+
+
 # -- the dtype-extremes set ----------------------------------------------------------------
 
 

@@ -321,3 +321,18 @@ def test_gpu_codegen_prints_split_half_quarter_and_deep_variants() -> None:
     assert scaled.options.scale_after_dot and scaled.options.split_loop
     assert not src.triton_variants["triton_split"].options.scale_after_dot
     assert "t2e = tl.load(" in scaled.text and "t2e = tl.load(" not in src.triton.text
+
+
+@pytest.mark.parametrize(("h", "want"), [(192, 3), (224, 3), (512, 5)])
+def test_a_deep_printing_of_a_short_loop_keeps_the_default_depth(h: int, want: int) -> None:
+    """Deeper than the default only where the loop runs at least twice as many iterations:
+    on an H200 (Triton 3.6) a LoRA kernel looping 5 + 1 masked times computed wrong values
+    or faulted at 4 and 5 stages. 192 and 224 rows of 32 (6 and 7 iterations, the last one
+    masked) keep 3; 512 (16) gets the deep 5."""
+    from yirage.plan import parse_plan
+    from yirage_triton import DEEP_STAGES, TritonOptions, generate_triton
+
+    case = plans.rmsnorm_linear(h=h, tk=32)
+    (k,) = parse_plan(case.plan).generated
+    deep = TritonOptions(max_stages=DEEP_STAGES)
+    assert _kernels_table(generate_triton(case.plan, deep).text)[k.name]["num_stages"] == want

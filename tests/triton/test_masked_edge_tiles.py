@@ -286,3 +286,43 @@ def test_misaligned_input_rows_are_staged_into_padded_copies() -> None:
     want = _softmax_ref(q, k, v)
     got = out.double().numpy()
     assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) <= 1e-5
+
+
+def test_finer_chunks_of_a_masked_loop_stop_at_the_extent() -> None:
+    """The finer printing (yirage_triton._subtile) of a loop whose last chunk is masked: the
+    printer masks the last iteration only, so the cut loop must end at the first small chunk
+    that reaches the extent (cutting the iterations alone let the chunks before the last one
+    read past it, into the next row: NaN on an H200 at 93 × 7801)."""
+    from yirage_cuda import CudaBackend
+    from yirage_triton import TritonOptions, loop_subtile, subtile_kernel
+
+    b, h = 5, 7801
+    g = yr.new_kernel_graph()
+    res, a = g.new_input((b, h), yr.float32), g.new_input((b, h), yr.float32)
+    alpha = g.new_input((h,), yr.float32)
+    g.mark_output(g.add(res, g.mul(g.rms_norm(a, (h,), eps=EPS), alpha)))
+    result = yr.search(g, device_spec=H100, top_k=5, cache=False)
+    cuts = []
+    for cand in result.candidates:
+        for k, _, acc in _masked(cand):
+            f = loop_subtile(k)
+            walked = [m for m in acc.masked if m.extent == h]
+            if f > 1 and walked and acc.uses_iter():
+                cuts.append((cand, k, f))
+    assert cuts, [c.label for c in result.candidates]
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((b, h)), rng.standard_normal((b, h)), rng.standard_normal(h)]
+    x = arrays[1]
+    want = arrays[0] + x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + EPS) * arrays[2]
+    for cand, k, f in cuts[:2]:
+        cut = subtile_kernel(k, f)
+        assert cut is not None
+        small = _walk_tile(cand, next(m for _, _, acc in _masked(cand) for m in acc.masked)) // f
+        assert cut.forloop_range == -(-h // small) < k.forloop_range * f, cand.label
+        opts = TritonOptions(subtile=((k.name, f),))
+        be = CudaBackend(interpret=True, triton_options=opts)
+        kernel = be.load(be.compile(be.codegen(cand.kernel_plan())))
+        ins = [a.astype(np.float32).reshape(-1, h) for a in arrays]  # alpha as the plan's row
+        (out,) = kernel(*be.from_numpy(ins, ["float32"] * 3))
+        err = float(np.linalg.norm(out.double().numpy() - want) / np.linalg.norm(want))
+        assert err <= 1e-5, (cand.label, err)

@@ -82,7 +82,7 @@ from yirage_triton._subtile import subtile_kernel
 __all__ = ["CODEGEN_VERSION", "TritonOptions", "TritonSource", "generate_triton"]
 
 #: Bumped whenever the printed code changes; part of every cache key.
-CODEGEN_VERSION = "triton-22"
+CODEGEN_VERSION = "triton-23"
 
 _TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _INT32_LIMIT = 2**31 - 1
@@ -1233,6 +1233,13 @@ class _KernelPrinter:
             per_stage, reserve = self.pipelined_bytes()
             room = self.opts.smem_limit - reserve
             st = max(1, min(st, room // max(1, per_stage)))
+        if st > DEFAULT_STAGES:
+            # deeper than the default only where the loop runs at least twice that many
+            # iterations: on an H200 (Triton 3.6) a LoRA kernel looping 5 + 1 masked times
+            # computed wrong values or faulted (illegal address) at 4 and 5 stages, and one
+            # looping 2 + 1 times at 4 to 6; both were right at 3, and loops of 6 and 16
+            # iterations at every depth up to 6 (a short loop gains nothing from the depth)
+            st = max(DEFAULT_STAGES, min(st, self.k.forloop_range // 2))
         return st
 
     def _forced_stages(self, st: int) -> int:

@@ -8,6 +8,10 @@ ran 20.0 µs with 128-row chunks and 5 stages against 24.1 with 512-row chunks a
 MLP 24.6 against 26.4 (benchmarks/probes/gemv_probe.py). The search's cost model does not see
 pipelines, so the backend offers the finer printing as a variant and profiling decides.
 
+Where the walked dim ends in a masked last chunk (the loop does not divide it), the finer
+loop stops at the first small chunk that reaches the extent, since the printer masks only the
+last iteration (cutting the iterations alone let the chunks before it read past the extent).
+
 The rewrite changes nothing the plan computes as long as everything that walks the loop is
 summed over it: chunks feed elementwise ops, the contracted dim of a matmul, or a reduction
 over the walked dim, and a per-chunk sum only reaches an ``iter``/``sum`` accumulator.
@@ -53,6 +57,28 @@ def _chunk(k: GeneratedKernel) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def _fine_range(k: GeneratedKernel, sub: int) -> int | None:
+    """The iterations of the finer loop where the walked dim ends in a masked last chunk
+    (the chunks of ``sub`` up to the extent: the printer masks the last iteration only, so
+    the overrun must stay within it), 0 where no walking input is masked along its walk,
+    None where the walking inputs disagree on the extent."""
+    extents = set()
+    walkers = 0
+    for acc in k.inputs:
+        d = _walk_dim(acc)
+        if d is None or d is False:
+            continue
+        walkers += 1
+        extents |= {m.extent for m in acc.masked if m.dim == d}
+    if not extents:
+        return 0
+    if len(extents) != 1 or walkers != sum(
+        any(m.dim == _walk_dim(acc) for m in acc.masked) for acc in k.inputs
+    ):
+        return None
+    return -(-extents.pop() // sub)
+
+
 def subtile_kernel(k: GeneratedKernel, f: int) -> GeneratedKernel | None:
     """``k`` with every loop chunk cut into ``f`` (``f`` times the iterations), or None where
     that could change the result (see the module docstring)."""
@@ -60,6 +86,9 @@ def subtile_kernel(k: GeneratedKernel, f: int) -> GeneratedKernel | None:
     if f < 2 or chunk is None or chunk % f or k.safe_softmax or k.shift_carry is not None:
         return None  # (a running max's tiles are not cut: their maxima span whole chunks)
     if any(acc.uses_iter() for acc in k.outputs):
+        return None
+    loops = _fine_range(k, chunk // f)
+    if loops is None:
         return None
     walk: dict[int, int | None] = {}  # op id -> the dim walking the loop
     partial: set[int] = set()  # ops holding a sum over one chunk
@@ -133,7 +162,7 @@ def subtile_kernel(k: GeneratedKernel, f: int) -> GeneratedKernel | None:
         ops.append(replace(o, dims=tuple(dims)))
     return replace(
         k,
-        forloop_range=k.forloop_range * f,
+        forloop_range=loops if loops else k.forloop_range * f,
         inputs=tuple(inputs),
         ops=tuple(ops),
         # the estimate is mostly stage buffers, which shrink with the chunks; the printer
