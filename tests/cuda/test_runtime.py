@@ -279,3 +279,23 @@ def test_only_one_kernel_launches_count_as_device_time_for_the_screen() -> None:
     assert len(one.kernels) == 1 and not host_gaps(SimpleNamespace(plan=one))
     assert host_gaps(SimpleNamespace(plan=two))
     assert not host_gaps(SimpleNamespace())  # no plan: a bare device launcher
+
+
+@pytest.mark.parametrize(
+    ("code", "says", "never"),
+    [
+        (700, "a kernel faulted earlier", "compiler newer"),  # illegal address: sticky
+        (222, "compiler newer than the driver", "faulted"),  # unsupported PTX version
+        (2, "CUresult 2", "compiler newer"),  # out of memory: neither hint
+    ],
+)
+def test_driver_errors_name_the_likely_cause(code: int, says: str, never: str) -> None:
+    """A module load failing because an earlier kernel faulted (the sticky CUresult 700 of
+    an illegal address) must not blame the compiler's version; an image the driver cannot
+    load does."""
+    from yirage.plugin import BackendError
+    from yirage_cuda._cpp_runtime import _Driver
+
+    with pytest.raises(BackendError) as info:
+        _Driver.check(code, "cuModuleLoadData")
+    assert says in str(info.value) and never not in str(info.value)

@@ -292,7 +292,7 @@ def test_finer_chunks_of_a_masked_loop_stop_at_the_extent() -> None:
     """The finer printing (yirage_triton._subtile) of a loop whose last chunk is masked: the
     printer masks the last iteration only, so the cut loop must end at the first small chunk
     that reaches the extent (cutting the iterations alone let the chunks before the last one
-    read past it, into the next row: NaN on an H200 at 93 × 7801)."""
+    read past it, into the next row: NaN on an H200 at 93 x 7801)."""
     from yirage_cuda import CudaBackend
     from yirage_triton import TritonOptions, loop_subtile, subtile_kernel
 

@@ -24,6 +24,15 @@ def _torch() -> Any:
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
+#: CUresults of a faulted kernel, after which the context is unusable (illegal address,
+#: hardware stack error, illegal instruction, misaligned address, invalid address space,
+#: invalid PC, launch failed).
+_STICKY = frozenset((700, 714, 715, 716, 717, 718, 719))
+#: CUresults of a module image the driver cannot load (invalid image, no binary for the GPU,
+#: invalid PTX, JIT compiler not found, unsupported PTX version).
+_IMAGE = frozenset((200, 209, 218, 221, 222))
+
+
 class _Driver:
     _lock = threading.Lock()
     _lib: Any = None
@@ -52,7 +61,12 @@ class _Driver:
             if cls._lib.cuGetErrorName(code, ctypes.byref(text)) == 0 and text.value:
                 name = f" ({text.value.decode()})"
         hint = ""
-        if what.startswith("cuModuleLoadData"):
+        if code in _STICKY:
+            hint = (
+                "; a kernel faulted earlier in this process (CUDA errors of this kind are "
+                "sticky: every later CUDA call fails too), so the process must be restarted"
+            )
+        elif what.startswith("cuModuleLoadData") and code in _IMAGE:
             hint = (
                 "; the cubin may come from a CUDA compiler newer than the driver "
                 "(compare toolchain_versions()['nvrtc'/'nvcc'] with ['driver'])"

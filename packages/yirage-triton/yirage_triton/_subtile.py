@@ -62,21 +62,15 @@ def _fine_range(k: GeneratedKernel, sub: int) -> int | None:
     (the chunks of ``sub`` up to the extent: the printer masks the last iteration only, so
     the overrun must stay within it), 0 where no walking input is masked along its walk,
     None where the walking inputs disagree on the extent."""
-    extents = set()
-    walkers = 0
+    ends: set[int | None] = set()  # each walking input's masked extent (None: unmasked)
     for acc in k.inputs:
         d = _walk_dim(acc)
-        if d is None or d is False:
-            continue
-        walkers += 1
-        extents |= {m.extent for m in acc.masked if m.dim == d}
-    if not extents:
-        return 0
-    if len(extents) != 1 or walkers != sum(
-        any(m.dim == _walk_dim(acc) for m in acc.masked) for acc in k.inputs
-    ):
-        return None
-    return -(-extents.pop() // sub)
+        if d is not None and d is not False:
+            ends.add(next((m.extent for m in acc.masked if m.dim == d), None))
+    if len(ends) > 1:
+        return None  # masked and unmasked walkers, or different extents
+    end = ends.pop() if ends else None
+    return 0 if end is None else -(-end // sub)
 
 
 def subtile_kernel(k: GeneratedKernel, f: int) -> GeneratedKernel | None:
