@@ -7,7 +7,7 @@ inputs (CPU: interleaved calls, medians; GPU: CUDA-graph replays, L2 flushed, me
 counts the shapes where yirage is more than 5% slower; those do not fail the sweep (timings
 on a shared machine are for the benchmark report, not a pass/fail).
 
-    python benchmarks/shape_sweep.py --seed 23 --count 60 [--time] [--backend cuda]
+    python benchmarks/shape_sweep.py --seed 23 --count 60 [--time] [--backend cuda] [--reports]
 """
 
 from __future__ import annotations
@@ -154,6 +154,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--count", type=int, default=20)
     ap.add_argument("--start", type=int, default=0, help="skip the first N shapes of the seed")
+    ap.add_argument("--reports", action="store_true", help="print each kernel's full report")
     ap.add_argument("--time", action="store_true", help="time each kernel against eager")
     ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
@@ -189,6 +190,8 @@ def main() -> int:
             f"{kernel.report.chosen_description[:70]} ({kernel.report.chosen_variant}){note}",
             flush=True,
         )
+        if args.reports:
+            print(kernel.report, flush=True)
     print(f"{failed} of {args.count} failed (shapes {args.start}..{args.start + args.count - 1})")
     if args.time:
         geo = statistics.geometric_mean(ratios)
