@@ -3,7 +3,7 @@
 inputs at three scales (x1, x30, x0.001) with the float64 reference rounded to the output
 dtype. A correctness sweep: it prints one line per shape and exits 1 if any shape failed.
 With ``--time`` it also times the kernel against the workload in PyTorch eager on the same
-inputs (CPU: interleaved calls, medians; GPU: CUDA-graph replays, L2 flushed, medians) and
+inputs (CPU: interleaved calls, medians; GPU: the bench's CUDA-graph replay medians) and
 counts the shapes where yirage is more than 5% slower; those do not fail the sweep (timings
 on a shared machine are for the benchmark report, not a pass/fail).
 
@@ -119,16 +119,13 @@ def eager_ratio(
     wl: Any, kernel: Any, graph: yr.KernelGraph, tdt: Any, dev: str
 ) -> tuple[float, float]:
     """(yirage µs, eager µs): on the CPU medians of 15 interleaved rounds of enough calls
-    each for ~2 ms; on a GPU medians of CUDA-graph replays with L2 flushed before each."""
+    each for ~2 ms; on a GPU the bench's CUDA-graph replay medians."""
     ins = [torch.randn(*t.dims, device=dev).to(tdt) for t in graph.inputs]
-    if dev != "cpu":
-        from yirage_triton._runtime import time_callable
+    if dev != "cpu":  # the bench harness's method (CUDA-graph replays)
+        from yirage._bench._timing import cuda_graph_median
 
-        times = []
-        for fn in (lambda x: kernel(*x), lambda x: wl.reference(*x)):
-            launch, replay, _ = time_callable(fn, [ins], warmup=5, repeats=30)
-            times.append(statistics.median(replay or launch))
-        return times[0], times[1]
+        ours = cuda_graph_median(lambda: kernel(*ins)).median_us
+        return ours, cuda_graph_median(lambda: wl.reference(*ins)).median_us
 
     def per_call(fn: Any) -> float:
         fn()

@@ -2,8 +2,8 @@
 
 Searches the workload for the H200's datasheet spec, prints each of the first candidates
 with ``max_stages`` 1..6 (and the finer printing where one applies), and runs every printing
-in a subprocess of its own (a fault must not end the probe) on random inputs against the
-workload's float64 reference:
+in a subprocess of its own (a fault must not end the probe; a failed run prints the end of
+its error) on random inputs against the workload's float64 reference:
 
     python benchmarks/probes/printing_depths.py lora b=75 h=375 n=2559 r=32
     python benchmarks/probes/printing_depths.py norm_transformer b=93 h=7801
@@ -56,7 +56,7 @@ def main() -> None:
                     text=True,
                     timeout=120,
                 )
-                last = (run.stdout.strip().splitlines() or ["fault: " + run.stderr[-200:]])[-1]
+                last = (run.stdout.strip().splitlines() or ["failed: " + run.stderr[-200:]])[-1]
                 print(f"{cand.label[:60]:60s} {path.stem:14s} {last}", flush=True)
 
 

@@ -226,20 +226,15 @@ _ALLOCATING_OPS = frozenset(
 
 def _summed_in_place(plan: Plan, k: LibraryKernel) -> bool:
     """Whether all_reduce kernel ``k`` may sum its operand in place: an intermediate of the
-    operand's dtype (no conversion copy) that no other kernel reads."""
+    operand's dtype (no conversion copy) that no other kernel reads, written by an op that
+    allocates it (a view such as reshape, permute or chunk may share an input's memory)."""
     src = plan.buffer(k.inputs[0])
     if src.role != "intermediate" or src.dtype != plan.buffer(k.outputs[0]).dtype:
         return False
-    for other in plan.kernels:
-        if isinstance(other, LibraryKernel):
-            if src.id in other.outputs and other.op not in _ALLOCATING_OPS:
-                return False  # a view (reshape, permute, chunk) may share an input's memory
-            reads = other.inputs
-        else:
-            reads = tuple(a.buffer for a in other.inputs)
-        if other is not k and src.id in reads:
-            return False
-    return True
+    writer = library_writers(plan).get(src.id)
+    if writer is not None and plan.kernels[writer].op not in _ALLOCATING_OPS:
+        return False
+    return all(plan.kernels[i] is k for i in buffer_readers(plan).get(src.id, []))
 
 
 def is_library_plan(plan: Plan) -> bool:

@@ -691,13 +691,13 @@ def _stress_check(
     rounded = _compare_torch.to_device(stress.rounded, tensors)
     reference = _compare_torch.to_device(stress.reference, tensors)
     verdicts: dict[Key, str | None] = {}
-    baseline_finite: dict[Key, np.ndarray] = {}
+    baseline_outputs: dict[Key, Any] = {}  # kept for _worse_printings, should it be needed
     ex = _stress.Exemptions(graph, stress, tol, tensors)
     for entry in passing:
         try:
             outputs = entry[4](*tensors)
             if contender_key(entry)[0] in baseline:
-                baseline_finite[contender_key(entry)] = _finite(outputs)
+                baseline_outputs[contender_key(entry)] = outputs
             err, why = _stress.stress_error(outputs, reference, dtypes, edge=tol, rounded=rounded)
             for step in range(ex.STEPS if stress.perturbed is not None else 0):
                 if why is None and (err <= tol or step == ex.STEPS - 1):
@@ -736,7 +736,8 @@ def _stress_check(
             "graph itself does not keep these values in its dtype; this set was not enforced "
             "beyond the baseline's own printings"
         )
-        worse = _worse_printings(baseline_finite, _finite(rounded))
+        finite = {key: _finite(outs) for key, outs in baseline_outputs.items()}
+        worse = _worse_printings(finite, _finite(rounded))
         alive = set(verdicts)
         for key, why in worse.items():
             _drop(report, key, "rejected", f"stress check failed ({stress.name}): {why}", alive)
